@@ -1,0 +1,41 @@
+// Host-side launchers of the DFlash CUDA kernels (src/cuda/*.cu). Used by the
+// TensorRT plugins' enqueue(). All pointers named device* / plain tensor pointers
+// are device memory; host* pointers are host memory read before the launch.
+//
+// The kernels cannot report bad input (there is no host round trip inside
+// enqueue), so they are written to stay memory safe instead: a tree walk only
+// follows parents that precede their child, and a sequence whose accepted path
+// breaks the contract (see kv_compact_core.h) is skipped, not half-moved.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime_api.h>
+
+namespace dflash
+{
+
+//! Layers handled by one compaction launch: their base pointers travel as a kernel
+//! argument (no workspace, no host-to-device copy, CUDA-graph friendly). 32 layers
+//! x 2 pointers x 8 bytes = 512 bytes of parameters.
+constexpr int32_t kLayersPerLaunch = 32;
+
+//! DFlashTreeMask: see tree_mask_core.h for the contract.
+cudaError_t launchTreeMask(int32_t const* parents, int32_t const* generationLengths, int32_t batch, int32_t numNodes,
+    int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut, cudaStream_t stream);
+
+//! DFlashKVCompact on linear caches: hostLayerCaches[l] is layer l's device buffer
+//! [batch, 2, heads, maxSeqLen, headBytes].
+cudaError_t launchKVCompactLinear(void* const* hostLayerCaches, int32_t numLayers, int32_t batch, int32_t numKVHeads,
+    int32_t maxSeqLen, int32_t headBytes, int32_t const* pastLengths, int32_t const* acceptedNodes,
+    int32_t maxAccepted, int32_t const* numAccepted, cudaStream_t stream);
+
+//! DFlashKVCompact on TensorRT-LLM's paged cache. hostPoolPointers [numPools, 2]
+//! and hostPoolMapping [numLayers, 2] are the gpt attention plugin's
+//! host_kv_cache_pool_pointers / host_kv_cache_pool_mapping; blockOffsets is its
+//! kv_cache_block_offsets [numPools, batch, 2, maxBlocksPerSeq] on the device.
+cudaError_t launchKVCompactPaged(void* const* hostPoolPointers, int32_t const* hostPoolMapping, int32_t numPools,
+    int32_t numLayers, int32_t const* blockOffsets, int32_t batch, int32_t maxBlocksPerSeq, int32_t tokensPerBlock,
+    int32_t numKVHeads, int32_t headBytes, int32_t const* pastLengths, int32_t const* acceptedNodes,
+    int32_t maxAccepted, int32_t const* numAccepted, cudaStream_t stream);
+
+} // namespace dflash

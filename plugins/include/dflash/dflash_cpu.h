@@ -1,0 +1,72 @@
+// C ABI of libdflash_plugins_cpu.so: the CPU implementation of both plugins,
+// loaded by tensorrt_llm_dflash/kernels.py with ctypes and used as the bit-exact
+// reference for the CUDA kernels.
+//
+// Rules shared by every function:
+// * returns DFLASH_OK (0) or a DFlashStatus code; never aborts, never throws;
+// * inputs are fully validated before anything is written, so on error the
+//   outputs / caches are untouched;
+// * `detail` may be null; when given it receives where the error was found.
+#pragma once
+
+#include "dflash/common.h"
+
+#if defined(_WIN32)
+#define DFLASH_API __declspec(dllexport)
+#else
+#define DFLASH_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+//! ABI version; bump when a signature changes.
+DFLASH_API int32_t dflash_abi_version(void);
+
+//! Largest tree the mask functions accept (dflash::kMaxTreeNodes).
+DFLASH_API int32_t dflash_max_tree_nodes(void);
+
+//! Static, NUL-terminated description of a status code ("unknown error" if out of range).
+DFLASH_API char const* dflash_error_string(int32_t code);
+
+//! DFlashTreeMask on the CPU.
+//! parents [batch, num_nodes], generation_lengths [batch];
+//! outputs packed_mask [batch, num_nodes, ceil(num_nodes/32)], position_offsets
+//! [batch, num_nodes], lengths_out [batch] (a copy of generation_lengths).
+DFLASH_API int32_t dflash_tree_mask_cpu(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
+    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
+    DFlashErrorDetail* detail);
+
+//! DFlashKVCompact on a linear cache. layer_caches[l] points to layer l's buffer
+//! [batch, 2, num_kv_heads, max_seq_len, head_bytes] (bytes). For each sequence b
+//! and i < num_accepted[b], slot past_lengths[b] + i receives slot
+//! past_lengths[b] + accepted_nodes[b * max_accepted + i], for K and V, every head
+//! and every layer, in place.
+DFLASH_API int32_t dflash_kv_compact_linear_cpu(void* const* layer_caches, int32_t num_layers, int32_t batch,
+    int32_t num_kv_heads, int32_t max_seq_len, int32_t head_bytes, int32_t const* past_lengths,
+    int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted, DFlashErrorDetail* detail);
+
+//! DFlashKVCompact on TensorRT-LLM's paged cache.
+//! pool_pointers [num_pools, 2] (primary, secondary; secondary may be null when unused),
+//! pool_capacity_blocks [num_pools, 2]: size of each primary / secondary pool in units
+//! of one layer's K (or V) block (pool bytes / bytes_per_block), used only to refuse
+//! offsets outside the pool;
+//! pool_mapping [num_layers, 2] (pool index, layer index inside the pool);
+//! block_offsets [num_pools, batch, 2, max_blocks_per_seq] KVCacheIndex values.
+DFLASH_API int32_t dflash_kv_compact_paged_cpu(void* const* pool_pointers, int64_t const* pool_capacity_blocks,
+    int32_t num_pools, int32_t const* pool_mapping, int32_t num_layers, int32_t const* block_offsets, int32_t batch,
+    int32_t max_blocks_per_seq, int32_t tokens_per_block, int32_t num_kv_heads, int32_t head_bytes,
+    int32_t const* past_lengths, int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted,
+    DFlashErrorDetail* detail);
+
+//! Move one tensor's tail in place: `tensor` is [outer, seq_len, inner_bytes] bytes
+//! (e.g. an HF cache [1, heads, seq, head_dim] with outer = heads); for every outer
+//! row, slot past_len + i receives slot past_len + accepted_nodes[i].
+//! This is what tensorrt_llm_dflash.kernels.compact_tail_ calls.
+DFLASH_API int32_t dflash_compact_tail_cpu(void* tensor, int64_t outer, int64_t seq_len, int64_t inner_bytes,
+    int32_t past_len, int32_t const* accepted_nodes, int32_t num_accepted, DFlashErrorDetail* detail);
+
+#ifdef __cplusplus
+}
+#endif
