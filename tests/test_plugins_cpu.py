@@ -1,0 +1,152 @@
+"""DFlashTreeMask on the CPU library against tree.batched_tree_inputs, bit for bit.
+
+The ``cpu_library`` fixture (via tests/test_plugin_support.py) builds the library with
+cmake when needed, so a fresh clone + ``pytest`` works.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+from test_plugin_support import load_cpu_library, random_batch, random_parents
+
+from tensorrt_llm_dflash import kernels, tree
+from tensorrt_llm_dflash.errors import DFlashInputError
+
+
+@pytest.fixture(scope="session")
+def cpu_library() -> ctypes.CDLL:
+    return load_cpu_library()
+
+
+# ---------------------------------------------------------------------- tree mask
+
+
+def test_library_limits_match_tree_module(cpu_library: ctypes.CDLL) -> None:
+    assert cpu_library.dflash_max_tree_nodes() == tree.MAX_TREE_NODES == 1024
+    assert cpu_library.dflash_abi_version() == kernels.ABI_VERSION
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 257, 1000, 1023, 1024])
+def test_tree_mask_matches_reference_bit_for_bit(cpu_library: ctypes.CDLL, num_nodes: int) -> None:
+    rng = np.random.default_rng(num_nodes)
+    batch = 3
+    parents, lengths = random_batch(rng, batch, num_nodes)
+    expected = tree.batched_tree_inputs(parents, lengths)
+    got = kernels.tree_mask_cpu(parents, lengths)
+    for name, e, g in zip(("packed_mask", "position_offsets", "generation_lengths"), expected, got):
+        assert g.dtype == np.int32 and g.shape == e.shape, name
+        np.testing.assert_array_equal(g, e, err_msg=name)
+
+
+def test_tree_mask_chain_star_and_root_only(cpu_library: ctypes.CDLL) -> None:
+    n = 70
+    chain = np.arange(-1, n - 1, dtype=np.int32)
+    star = np.zeros(n, dtype=np.int32)
+    star[0] = -1
+    root_only = np.full(n, 9, dtype=np.int32)
+    root_only[0] = -1
+    parents = np.stack([chain, star, root_only])
+    lengths = np.array([n, n, 1], dtype=np.int32)
+    expected = tree.batched_tree_inputs(parents, lengths)
+    got = kernels.tree_mask_cpu(parents, lengths)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(g, e)
+    # A chain sees everything before it; its depth is its index.
+    np.testing.assert_array_equal(got[1][0], np.arange(n))
+    assert tree.unpack_mask(got[0][0], n)[n - 1].all()
+
+
+def test_tree_mask_many_random_batches(cpu_library: ctypes.CDLL) -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        num_nodes = int(rng.integers(1, 300))
+        batch = int(rng.integers(1, 6))
+        parents, lengths = random_batch(rng, batch, num_nodes)
+        expected = tree.batched_tree_inputs(parents, lengths)
+        for e, g in zip(expected, kernels.tree_mask_cpu(parents, lengths)):
+            np.testing.assert_array_equal(g, e)
+
+
+def _bad_tree(parents_row: list[int], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    parents = np.array([parents_row], dtype=np.int32)
+    lengths = np.array([len(parents_row) if length is None else length], dtype=np.int32)
+    return parents, lengths
+
+
+@pytest.mark.parametrize(
+    ("parents_row", "length", "code", "fragment"),
+    [
+        ([-1, 0, 2, 1], None, kernels.ERR_PARENT_NOT_BEFORE_CHILD, "parents[0][2]=2: a parent must come before its child"),
+        ([-1, 0, 3, 1], None, kernels.ERR_PARENT_NOT_BEFORE_CHILD, "parents[0][2]=3"),
+        ([-1, 0, 7, 1], None, kernels.ERR_PARENT_OUT_OF_RANGE, "parents[0][2]=7: parent index is out of range"),
+        ([-1, 0, 1, 3, 0], 3, kernels.OK, ""),
+        ([-1, 0, -1, 1], None, kernels.ERR_NEGATIVE_PARENT, "parents[0][2]=-1: only the root may have a negative parent"),
+        ([-1, -4, 0], None, kernels.ERR_NEGATIVE_PARENT, "parents[0][1]=-4"),
+        ([0, 0, 1], None, kernels.ERR_ROOT_PARENT, "parents[0][0]=0: the root's parent must be -1"),
+        ([-1, 0, 1], 0, kernels.ERR_LENGTH_OUT_OF_RANGE, "generation_lengths[0]=0 is out of range 1..N=3"),
+        ([-1, 0, 1], 4, kernels.ERR_LENGTH_OUT_OF_RANGE, "generation_lengths[0]=4 is out of range 1..N=3"),
+        ([-1, 0, 1], -2, kernels.ERR_LENGTH_OUT_OF_RANGE, "generation_lengths[0]=-2"),
+    ],
+)
+def test_tree_mask_bad_input_raises(
+    cpu_library: ctypes.CDLL, parents_row: list[int], length: int | None, code: int, fragment: str
+) -> None:
+    parents, lengths = _bad_tree(parents_row, length)
+    assert _raw_tree_mask_code(cpu_library, parents, lengths) == code
+    if code == kernels.OK:  # padding past the length is ignored, even if it is junk
+        for e, g in zip(tree.batched_tree_inputs(parents, lengths), kernels.tree_mask_cpu(parents, lengths)):
+            np.testing.assert_array_equal(g, e)
+        return
+    with pytest.raises(DFlashInputError) as excinfo:
+        kernels.tree_mask_cpu(parents, lengths)
+    assert fragment in str(excinfo.value)
+    with pytest.raises(DFlashInputError):  # the Python reference refuses the same input
+        tree.batched_tree_inputs(parents, lengths)
+
+
+def test_tree_mask_too_many_nodes_raises(cpu_library: ctypes.CDLL) -> None:
+    n = tree.MAX_TREE_NODES + 1
+    parents = random_parents(np.random.default_rng(0), n)[None, :]
+    lengths = np.array([10], dtype=np.int32)
+    assert _raw_tree_mask_code(cpu_library, parents, lengths) == kernels.ERR_TREE_TOO_LARGE
+    with pytest.raises(DFlashInputError, match=r"tree size N=1025 is out of range 1\.\.1024"):
+        kernels.tree_mask_cpu(parents, lengths)
+
+
+def test_tree_mask_error_in_second_sequence_names_it(cpu_library: ctypes.CDLL) -> None:
+    parents = np.array([[-1, 0, 1], [-1, 0, 2]], dtype=np.int32)
+    with pytest.raises(DFlashInputError, match=r"parents\[1\]\[2\]=2"):
+        kernels.tree_mask_cpu(parents, [3, 3])
+
+
+def test_tree_mask_shape_errors(cpu_library: ctypes.CDLL) -> None:
+    with pytest.raises(DFlashInputError, match="generation_lengths has 1 entries for a batch of 2"):
+        kernels.tree_mask_cpu(np.array([[-1, 0], [-1, 0]]), [2])
+    with pytest.raises(DFlashInputError, match="parents must be 2-D"):
+        kernels.tree_mask_cpu(np.array([-1, 0]), [2])
+
+
+def test_error_strings_cover_every_code(cpu_library: ctypes.CDLL) -> None:
+    for code in range(kernels.ERR_BLOCK_OFFSET + 1):
+        text = kernels.error_string(code)
+        assert text and text != "unknown error"
+    assert kernels.error_string(999) == "unknown error"
+    assert kernels.error_string(-1) == "unknown error"
+
+
+def _raw_tree_mask_code(lib: ctypes.CDLL, parents: np.ndarray, lengths: np.ndarray) -> int:
+    parents = np.ascontiguousarray(parents, dtype=np.int32)
+    lengths = np.ascontiguousarray(lengths, dtype=np.int32)
+    batch, n = parents.shape
+    words = max((n + 31) // 32, 1)
+    packed = np.zeros((batch, n, words), dtype=np.int32)
+    offsets = np.zeros((batch, n), dtype=np.int32)
+    out = np.zeros(batch, dtype=np.int32)
+    p = ctypes.POINTER(ctypes.c_int32)
+    return lib.dflash_tree_mask_cpu(
+        parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n,
+        packed.ctypes.data_as(p), offsets.ctypes.data_as(p), out.ctypes.data_as(p), None,
+    )
