@@ -38,4 +38,9 @@ cudaError_t launchKVCompactPaged(void* const* hostPoolPointers, int32_t const* h
     int32_t numKVHeads, int32_t headBytes, int32_t const* pastLengths, int32_t const* acceptedNodes,
     int32_t maxAccepted, int32_t const* numAccepted, cudaStream_t stream);
 
+//! newLengths[b] = pastLengths[b] + max(numAccepted[b], 0): the committed KV length
+//! after compaction (the DFlashKVCompact plugin's output).
+cudaError_t launchCommittedLengths(int32_t const* pastLengths, int32_t const* numAccepted, int32_t batch,
+    int32_t* newLengths, cudaStream_t stream);
+
 } // namespace dflash

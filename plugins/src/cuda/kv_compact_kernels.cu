@@ -121,6 +121,16 @@ __global__ void kvCompactPagedKernel(PagedLayerChunk layers, int32_t maxBlocksPe
     }
 }
 
+__global__ void committedLengthsKernel(
+    int32_t const* pastLengths, int32_t const* numAccepted, int32_t batch, int32_t* newLengths)
+{
+    int32_t const seq = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (seq < batch)
+    {
+        newLengths[seq] = pastLengths[seq] + max(numAccepted[seq], 0);
+    }
+}
+
 //! Widest copy unit (16, 8, 4, 2 or 1 bytes) that divides the head size and keeps
 //! every base pointer aligned.
 int32_t copyUnitBytes(int32_t headBytes, char* const* bases, int32_t count)
@@ -157,6 +167,22 @@ cudaError_t dispatchCopyUnit(int32_t unit, Launch launch)
 }
 
 } // namespace
+
+cudaError_t launchCommittedLengths(int32_t const* pastLengths, int32_t const* numAccepted, int32_t batch,
+    int32_t* newLengths, cudaStream_t stream)
+{
+    if (batch < 0)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (batch == 0)
+    {
+        return cudaSuccess;
+    }
+    unsigned int const blocks = static_cast<unsigned int>((batch + kThreadsPerBlock - 1) / kThreadsPerBlock);
+    committedLengthsKernel<<<blocks, kThreadsPerBlock, 0, stream>>>(pastLengths, numAccepted, batch, newLengths);
+    return cudaGetLastError();
+}
 
 cudaError_t launchKVCompactLinear(void* const* hostLayerCaches, int32_t numLayers, int32_t batch, int32_t numKVHeads,
     int32_t maxSeqLen, int32_t headBytes, int32_t const* pastLengths, int32_t const* acceptedNodes,
