@@ -1,0 +1,1 @@
+"""TensorRT-LLM (engine backend) integration of DFlash / DDTree."""
