@@ -98,7 +98,20 @@ _SIGNATURES = {
         _i32,
         [ctypes.c_void_p, _i64, _i64, _i64, _i32, _I32P, _i32, _DETAILP],
     ),
+    "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _I32P, _I32P, _I32P]),
+    "dflash_emulate_kv_compact_linear_kernel": (
+        _i32,
+        [_VPP, _i32, _i32, _i32, _i32, _i32, _I32P, _I32P, _i32, _I32P],
+    ),
+    "dflash_emulate_kv_compact_paged_kernel": (
+        _i32,
+        [_VPP, _i32, _I32P, _i32, _I32P, _i32, _i32, _i32, _i32, _i32, _I32P, _I32P, _i32, _I32P],
+    ),
 }
+
+#: ``implementation=`` values: the validated CPU code, or the CUDA kernels' own
+#: per-thread bodies run serially (no validation: bad rows are skipped, as on the GPU).
+IMPLEMENTATIONS = ("cpu", "gpu-emulation")
 
 _library: ctypes.CDLL | None = None
 _library_searched = False
@@ -258,6 +271,11 @@ def _safe_error_string(code: int) -> str:
 # ------------------------------------------------------------------------ conversions
 
 
+def _check_implementation(implementation: str) -> None:
+    if implementation not in IMPLEMENTATIONS:
+        raise DFlashInputError(f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}")
+
+
 def _as_int32(name: str, values: object, ndim: int) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != ndim:
@@ -293,15 +311,20 @@ def _pad_accepted(
 
 
 def tree_mask_cpu(
-    parents: np.ndarray | Sequence[Sequence[int]], generation_lengths: np.ndarray | Sequence[int]
+    parents: np.ndarray | Sequence[Sequence[int]],
+    generation_lengths: np.ndarray | Sequence[int],
+    *,
+    implementation: str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DFlashTreeMask on the CPU: ``(packed_mask, position_offsets, generation_lengths)``.
 
     Same contract and result as :func:`tensorrt_llm_dflash.tree.batched_tree_inputs`:
     ``parents`` int32 ``[batch, N]``, ``generation_lengths`` ``[batch]``; returns int32
     ``[batch, N, ceil(N/32)]``, ``[batch, N]`` and ``[batch]``.
+    ``implementation="gpu-emulation"`` runs the CUDA kernel's body instead (tests).
     """
     lib = load_library()
+    _check_implementation(implementation)
     parents32 = _as_int32("parents", parents, 2)
     lengths32 = _as_int32("generation_lengths", generation_lengths, 1)
     batch, num_nodes = parents32.shape
@@ -315,6 +338,14 @@ def tree_mask_cpu(
     packed = np.zeros((batch, num_nodes, words), dtype=np.int32)
     offsets = np.zeros((batch, num_nodes), dtype=np.int32)
     lengths_out = np.zeros(batch, dtype=np.int32)
+    if implementation == "gpu-emulation":
+        code = lib.dflash_emulate_tree_mask_kernel(
+            _ptr(parents32), _ptr(lengths32), batch, num_nodes,
+            _ptr(packed), _ptr(offsets), _ptr(lengths_out),
+        )
+        if code != OK:  # the only thing the kernel launcher refuses
+            raise DFlashInputError(f"tree size N={num_nodes} is out of range 1..{MAX_TREE_NODES}")
+        return packed, offsets, lengths_out
     detail = _ErrorDetail()
     code = lib.dflash_tree_mask_cpu(
         _ptr(parents32), _ptr(lengths32), batch, num_nodes,
@@ -331,6 +362,8 @@ def compact_contiguous_cpu(
     layer_caches: Sequence[np.ndarray],
     past_lengths: Sequence[int] | np.ndarray,
     accepted_nodes: Sequence[Sequence[int]],
+    *,
+    implementation: str = "cpu",
 ) -> None:
     """DFlashKVCompact on linear caches, in place.
 
@@ -340,6 +373,7 @@ def compact_contiguous_cpu(
     ``past_lengths[b] + accepted_nodes[b][i]``.
     """
     lib = load_library()
+    _check_implementation(implementation)
     if len(layer_caches) == 0:
         raise DFlashInputError("layer_caches is empty: at least one layer is needed")
     first = layer_caches[0]
@@ -363,10 +397,16 @@ def compact_contiguous_cpu(
     pointers = (ctypes.c_void_p * len(layer_caches))(*[c.ctypes.data for c in layer_caches])
     head_bytes = head_dim * first.itemsize
     detail = _ErrorDetail()
-    code = lib.dflash_kv_compact_linear_cpu(
-        pointers, len(layer_caches), batch, heads, max_seq, head_bytes,
-        _ptr(past), _ptr(padded), max_accepted, _ptr(counts), ctypes.byref(detail),
-    )
+    if implementation == "gpu-emulation":
+        code = lib.dflash_emulate_kv_compact_linear_kernel(
+            pointers, len(layer_caches), batch, heads, max_seq, head_bytes,
+            _ptr(past), _ptr(padded), max_accepted, _ptr(counts),
+        )
+    else:
+        code = lib.dflash_kv_compact_linear_cpu(
+            pointers, len(layer_caches), batch, heads, max_seq, head_bytes,
+            _ptr(past), _ptr(padded), max_accepted, _ptr(counts), ctypes.byref(detail),
+        )
     geometry = f"layers={len(layer_caches)}, heads={heads}, max_seq={max_seq}, head_bytes={head_bytes}"
     _raise_for(
         code, detail,
@@ -384,6 +424,8 @@ def compact_paged_cpu(
     past_lengths: Sequence[int] | np.ndarray,
     accepted_nodes: Sequence[Sequence[int]],
     secondary_pools: Sequence[np.ndarray | None] | None = None,
+    *,
+    implementation: str = "cpu",
 ) -> None:
     """DFlashKVCompact on TensorRT-LLM's paged KV cache, in place.
 
@@ -396,6 +438,7 @@ def compact_paged_cpu(
     layer holds ``[num_kv_heads, tokens_per_block, head_dim]`` elements.
     """
     lib = load_library()
+    _check_implementation(implementation)
     if len(pools) == 0:
         raise DFlashInputError("pools is empty: at least one pool is needed")
     dtype = pools[0].dtype
@@ -439,11 +482,18 @@ def compact_paged_cpu(
             pointers[2 * index + 1] = second.ctypes.data
             capacities[index, 1] = second.nbytes // max(bytes_per_block, 1)
     detail = _ErrorDetail()
-    code = lib.dflash_kv_compact_paged_cpu(
-        pointers, _ptr(capacities, ctypes.c_int64), len(pools), _ptr(mapping), mapping.shape[0],
-        _ptr(offsets), batch, max_blocks, int(tokens_per_block), int(num_kv_heads), head_bytes,
-        _ptr(past), _ptr(padded), max_accepted, _ptr(counts), ctypes.byref(detail),
-    )
+    if implementation == "gpu-emulation":
+        code = lib.dflash_emulate_kv_compact_paged_kernel(
+            pointers, len(pools), _ptr(mapping), mapping.shape[0],
+            _ptr(offsets), batch, max_blocks, int(tokens_per_block), int(num_kv_heads), head_bytes,
+            _ptr(past), _ptr(padded), max_accepted, _ptr(counts),
+        )
+    else:
+        code = lib.dflash_kv_compact_paged_cpu(
+            pointers, _ptr(capacities, ctypes.c_int64), len(pools), _ptr(mapping), mapping.shape[0],
+            _ptr(offsets), batch, max_blocks, int(tokens_per_block), int(num_kv_heads), head_bytes,
+            _ptr(past), _ptr(padded), max_accepted, _ptr(counts), ctypes.byref(detail),
+        )
     geometry = (
         f"pools={len(pools)}, layers={mapping.shape[0]}, max_blocks_per_seq={max_blocks}, "
         f"kv_heads={num_kv_heads}, head_bytes={head_bytes}"

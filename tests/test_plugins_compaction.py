@@ -27,6 +27,11 @@ def cpu_library() -> ctypes.CDLL:
     return load_cpu_library()
 
 
+# Every correctness test runs twice: the validated CPU code and the CUDA kernels'
+# own per-thread bodies (serial GPU emulation, see plugins/src/cpu/gpu_emulation.cpp).
+IMPLEMENTATIONS = pytest.mark.parametrize("implementation", kernels.IMPLEMENTATIONS)
+
+
 def accepted_paths(rng: np.random.Generator, batch: int, tree_nodes: int) -> list[list[int]]:
     """Row 0 accepts only the root, row 1 the full depth, the rest random paths."""
     paths = []
@@ -53,9 +58,12 @@ def linear_reference(cache: np.ndarray, past: np.ndarray, paths: list[list[int]]
     return expected
 
 
+@IMPLEMENTATIONS
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int8])
 @pytest.mark.parametrize("head_dim", [1, 3, 8, 64])
-def test_linear_compaction_matches_reference(cpu_library: ctypes.CDLL, dtype: type, head_dim: int) -> None:
+def test_linear_compaction_matches_reference(
+    cpu_library: ctypes.CDLL, dtype: type, head_dim: int, implementation: str
+) -> None:
     rng = np.random.default_rng(head_dim)
     batch, heads, max_seq, layers, tree_nodes = 5, 3, 96, 4, 40
     caches = [
@@ -64,19 +72,20 @@ def test_linear_compaction_matches_reference(cpu_library: ctypes.CDLL, dtype: ty
     past = rng.integers(0, max_seq - tree_nodes, size=batch).astype(np.int32)
     paths = accepted_paths(rng, batch, tree_nodes)
     expected = [linear_reference(c, past, paths) for c in caches]
-    kernels.compact_contiguous_cpu(caches, past, paths)
+    kernels.compact_contiguous_cpu(caches, past, paths, implementation=implementation)
     for layer, (got, want) in enumerate(zip(caches, expected)):
         np.testing.assert_array_equal(got, want, err_msg=f"layer {layer}")
 
 
-def test_linear_compaction_root_only_and_full_depth_batches(cpu_library: ctypes.CDLL) -> None:
+@IMPLEMENTATIONS
+def test_linear_compaction_root_only_and_full_depth_batches(cpu_library: ctypes.CDLL, implementation: str) -> None:
     rng = np.random.default_rng(3)
     parents = random_parents(rng, 64)
     for paths in ([[0], [0], [0]], [deepest_path(parents)] * 3):
         cache = rng.standard_normal((3, 2, 2, 80, 16)).astype(np.float32)
         past = np.array([0, 5, 16], dtype=np.int32)
         expected = linear_reference(cache, past, paths)
-        kernels.compact_contiguous_cpu([cache], past, paths)
+        kernels.compact_contiguous_cpu([cache], past, paths, implementation=implementation)
         np.testing.assert_array_equal(cache, expected)
 
 
@@ -145,15 +154,19 @@ class PagedCache:
                         expected[pool_index][dst_index] = pool[src_index]
         return expected
 
-    def compact(self, past: np.ndarray, paths: list[list[int]]) -> None:
+    def compact(self, past: np.ndarray, paths: list[list[int]], implementation: str = "cpu") -> None:
         kernels.compact_paged_cpu(
-            self.pools, self.mapping, self.offsets, self.tokens_per_block, self.heads, self.head_dim, past, paths
+            self.pools, self.mapping, self.offsets, self.tokens_per_block, self.heads, self.head_dim, past, paths,
+            implementation=implementation,
         )
 
 
+@IMPLEMENTATIONS
 @pytest.mark.parametrize("tokens_per_block", [1, 2, 8, 16, 64])
 @pytest.mark.parametrize("num_pools", [1, 2])
-def test_paged_compaction_matches_reference(cpu_library: ctypes.CDLL, tokens_per_block: int, num_pools: int) -> None:
+def test_paged_compaction_matches_reference(
+    cpu_library: ctypes.CDLL, tokens_per_block: int, num_pools: int, implementation: str
+) -> None:
     rng = np.random.default_rng(tokens_per_block * 10 + num_pools)
     batch, tree_nodes = 4, 30
     max_blocks = (200 + tokens_per_block - 1) // tokens_per_block
@@ -164,12 +177,13 @@ def test_paged_compaction_matches_reference(cpu_library: ctypes.CDLL, tokens_per
     past = rng.integers(0, max_blocks * tokens_per_block - tree_nodes, size=batch).astype(np.int32)
     paths = accepted_paths(rng, batch, tree_nodes)
     expected = cache.expected_after(past, paths)
-    cache.compact(past, paths)
+    cache.compact(past, paths, implementation)
     for got, want in zip(cache.pools, expected):
         np.testing.assert_array_equal(got, want)
 
 
-def test_paged_compaction_random_geometries(cpu_library: ctypes.CDLL) -> None:
+@IMPLEMENTATIONS
+def test_paged_compaction_random_geometries(cpu_library: ctypes.CDLL, implementation: str) -> None:
     rng = np.random.default_rng(11)
     for _ in range(8):
         tokens_per_block = int(2 ** rng.integers(0, 7))
@@ -184,12 +198,53 @@ def test_paged_compaction_random_geometries(cpu_library: ctypes.CDLL) -> None:
         past = rng.integers(0, max_blocks * tokens_per_block - tree_nodes + 1, size=batch).astype(np.int32)
         paths = accepted_paths(rng, batch, tree_nodes)
         expected = cache.expected_after(past, paths)
-        cache.compact(past, paths)
+        cache.compact(past, paths, implementation)
         for got, want in zip(cache.pools, expected):
             np.testing.assert_array_equal(got, want)
 
 
-def test_paged_compaction_reads_secondary_pool_blocks(cpu_library: ctypes.CDLL) -> None:
+@IMPLEMENTATIONS
+def test_paged_compaction_many_layers_span_several_launches(cpu_library: ctypes.CDLL, implementation: str) -> None:
+    """70 layers = three launches of at most 32 layers (kLayersPerLaunch)."""
+    rng = np.random.default_rng(70)
+    cache = PagedCache(
+        rng, batch=2, layers=70, num_pools=2, heads=1, head_dim=4, tokens_per_block=4, max_blocks=12,
+        dtype=np.float32,
+    )
+    past = np.array([3, 9], dtype=np.int32)
+    paths = accepted_paths(rng, 2, 30)
+    expected = cache.expected_after(past, paths)
+    cache.compact(past, paths, implementation)
+    for got, want in zip(cache.pools, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+@IMPLEMENTATIONS
+def test_linear_compaction_many_layers_span_several_launches(cpu_library: ctypes.CDLL, implementation: str) -> None:
+    rng = np.random.default_rng(71)
+    caches = [rng.standard_normal((2, 2, 1, 48, 4)).astype(np.float32) for _ in range(65)]
+    past = np.array([0, 7], dtype=np.int32)
+    paths = accepted_paths(rng, 2, 30)
+    expected = [linear_reference(c, past, paths) for c in caches]
+    kernels.compact_contiguous_cpu(caches, past, paths, implementation=implementation)
+    for got, want in zip(caches, expected):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_gpu_kernel_skips_bad_sequences_and_compacts_the_rest(cpu_library: ctypes.CDLL) -> None:
+    """On the GPU nothing can be reported: a bad path is skipped, never half-moved."""
+    rng = np.random.default_rng(17)
+    cache = rng.standard_normal((4, 2, 2, 32, 8)).astype(np.float32)
+    past = np.array([2, 2, 30, 4], dtype=np.int32)
+    paths = [[0, 3, 1], [0, 2, 5], [0, 4], [1, 2]]  # decreasing, good, beyond capacity, wrong root
+    expected = cache.copy()
+    expected[1] = linear_reference(cache[1:2], past[1:2], paths[1:2])[0]
+    kernels.compact_contiguous_cpu([cache], past, paths, implementation="gpu-emulation")
+    np.testing.assert_array_equal(cache, expected)
+
+
+@IMPLEMENTATIONS
+def test_paged_compaction_reads_secondary_pool_blocks(cpu_library: ctypes.CDLL, implementation: str) -> None:
     """A KVCacheIndex with pool type 1 (secondary) addresses the secondary pool."""
     heads, head_dim, tpb = 1, 4, 4
     primary = np.zeros((4, 1, 2, heads, tpb, head_dim), dtype=np.float32)
@@ -199,7 +254,8 @@ def test_paged_compaction_reads_secondary_pool_blocks(cpu_library: ctypes.CDLL) 
     for kv in range(2):
         offsets[0, 0, kv] = [(0 * 2 + kv), (3 * 2 + kv) | secondary_flag]  # block 1 lives in secondary block 3
     kernels.compact_paged_cpu(
-        [primary], [[0, 0]], offsets, tpb, heads, head_dim, [0], [[0, 1, 5]], secondary_pools=[secondary]
+        [primary], [[0, 0]], offsets, tpb, heads, head_dim, [0], [[0, 1, 5]], secondary_pools=[secondary],
+        implementation=implementation,
     )
     # slot 1 <- slot 1 (in primary block 0, unchanged: zeros); slot 2 <- slot 5 (secondary block 3, row 1)
     for kv in range(2):

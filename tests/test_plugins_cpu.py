@@ -29,19 +29,26 @@ def test_library_limits_match_tree_module(cpu_library: ctypes.CDLL) -> None:
     assert cpu_library.dflash_abi_version() == kernels.ABI_VERSION
 
 
+IMPLEMENTATIONS = pytest.mark.parametrize("implementation", kernels.IMPLEMENTATIONS)
+
+
+@IMPLEMENTATIONS
 @pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 257, 1000, 1023, 1024])
-def test_tree_mask_matches_reference_bit_for_bit(cpu_library: ctypes.CDLL, num_nodes: int) -> None:
+def test_tree_mask_matches_reference_bit_for_bit(
+    cpu_library: ctypes.CDLL, num_nodes: int, implementation: str
+) -> None:
     rng = np.random.default_rng(num_nodes)
     batch = 3
     parents, lengths = random_batch(rng, batch, num_nodes)
     expected = tree.batched_tree_inputs(parents, lengths)
-    got = kernels.tree_mask_cpu(parents, lengths)
+    got = kernels.tree_mask_cpu(parents, lengths, implementation=implementation)
     for name, e, g in zip(("packed_mask", "position_offsets", "generation_lengths"), expected, got):
         assert g.dtype == np.int32 and g.shape == e.shape, name
         np.testing.assert_array_equal(g, e, err_msg=name)
 
 
-def test_tree_mask_chain_star_and_root_only(cpu_library: ctypes.CDLL) -> None:
+@IMPLEMENTATIONS
+def test_tree_mask_chain_star_and_root_only(cpu_library: ctypes.CDLL, implementation: str) -> None:
     n = 70
     chain = np.arange(-1, n - 1, dtype=np.int32)
     star = np.zeros(n, dtype=np.int32)
@@ -51,7 +58,7 @@ def test_tree_mask_chain_star_and_root_only(cpu_library: ctypes.CDLL) -> None:
     parents = np.stack([chain, star, root_only])
     lengths = np.array([n, n, 1], dtype=np.int32)
     expected = tree.batched_tree_inputs(parents, lengths)
-    got = kernels.tree_mask_cpu(parents, lengths)
+    got = kernels.tree_mask_cpu(parents, lengths, implementation=implementation)
     for e, g in zip(expected, got):
         np.testing.assert_array_equal(g, e)
     # A chain sees everything before it; its depth is its index.
@@ -59,15 +66,46 @@ def test_tree_mask_chain_star_and_root_only(cpu_library: ctypes.CDLL) -> None:
     assert tree.unpack_mask(got[0][0], n)[n - 1].all()
 
 
-def test_tree_mask_many_random_batches(cpu_library: ctypes.CDLL) -> None:
+@IMPLEMENTATIONS
+def test_tree_mask_many_random_batches(cpu_library: ctypes.CDLL, implementation: str) -> None:
     rng = np.random.default_rng(7)
     for _ in range(30):
         num_nodes = int(rng.integers(1, 300))
         batch = int(rng.integers(1, 6))
         parents, lengths = random_batch(rng, batch, num_nodes)
         expected = tree.batched_tree_inputs(parents, lengths)
-        for e, g in zip(expected, kernels.tree_mask_cpu(parents, lengths)):
+        for e, g in zip(expected, kernels.tree_mask_cpu(parents, lengths, implementation=implementation)):
             np.testing.assert_array_equal(g, e)
+
+
+def test_gpu_kernel_stays_in_bounds_on_bad_trees(cpu_library: ctypes.CDLL) -> None:
+    """The kernel cannot report errors; on garbage it must still only touch its rows.
+
+    Guard bands around the outputs catch any write outside them (the emulation runs
+    the kernel's own per-thread body).
+    """
+    rng = np.random.default_rng(13)
+    batch, n = 4, 100
+    parents = rng.integers(-5, 3 * n, size=(batch, n), dtype=np.int32)  # cycles, forward edges, junk
+    parents[1, 5] = 5  # self loop
+    lengths = np.array([n, -3, n + 50, 40], dtype=np.int32)
+    words = (n + 31) // 32
+    guard = 7
+    packed = np.full(batch * n * words + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
+    offsets = np.full(batch * n + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
+    out = np.full(batch + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
+    p = ctypes.POINTER(ctypes.c_int32)
+    code = cpu_library.dflash_emulate_tree_mask_kernel(
+        parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n,
+        packed[guard:].ctypes.data_as(p), offsets[guard:].ctypes.data_as(p), out[guard:].ctypes.data_as(p),
+    )
+    assert code == kernels.OK
+    for array in (packed, offsets, out):
+        assert (array[:guard] == 0x5A5A5A5A).all() and (array[-guard:] == 0x5A5A5A5A).all()
+    np.testing.assert_array_equal(out[guard:-guard], lengths)  # passed through untouched
+    rows = packed[guard:-guard].reshape(batch, n, words)
+    assert not rows[1].any()  # negative length: every row zero
+    assert rows[0, 5, 0] & (1 << 5)  # a row always contains its own node
 
 
 def _bad_tree(parents_row: list[int], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 // TensorRT plugins' enqueue(). All pointers named device* / plain tensor pointers
 // are device memory; host* pointers are host memory read before the launch.
 //
+// The per-thread bodies live in kernel_bodies.h (shared with the CPU emulation).
 // The kernels cannot report bad input (there is no host round trip inside
 // enqueue), so they are written to stay memory safe instead: a tree walk only
 // follows parents that precede their child, and a sequence whose accepted path
@@ -13,11 +14,6 @@
 
 namespace dflash
 {
-
-//! Layers handled by one compaction launch: their base pointers travel as a kernel
-//! argument (no workspace, no host-to-device copy, CUDA-graph friendly). 32 layers
-//! x 2 pointers x 8 bytes = 512 bytes of parameters.
-constexpr int32_t kLayersPerLaunch = 32;
 
 //! DFlashTreeMask: see tree_mask_core.h for the contract.
 cudaError_t launchTreeMask(int32_t const* parents, int32_t const* generationLengths, int32_t batch, int32_t numNodes,

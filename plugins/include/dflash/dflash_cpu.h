@@ -67,6 +67,26 @@ DFLASH_API int32_t dflash_kv_compact_paged_cpu(void* const* pool_pointers, int64
 DFLASH_API int32_t dflash_compact_tail_cpu(void* tensor, int64_t outer, int64_t seq_len, int64_t inner_bytes,
     int32_t past_len, int32_t const* accepted_nodes, int32_t num_accepted, DFlashErrorDetail* detail);
 
+// ---------------------------------------------------------------------------
+// GPU kernel emulation (test aid). These run the CUDA kernels' per-thread bodies
+// (include/dflash/kernel_bodies.h) serially over the same grid and with the same
+// launch plans as src/cuda/*.cu, so the kernels' indexing can be tested without a
+// GPU. Like the kernels, they do not validate the tree or the accepted paths: a
+// sequence whose path breaks the contract is skipped. They return DFLASH_OK, or
+// DFLASH_ERR_BAD_GEOMETRY where the CUDA launcher returns cudaErrorInvalidValue.
+
+DFLASH_API int32_t dflash_emulate_tree_mask_kernel(int32_t const* parents, int32_t const* generation_lengths,
+    int32_t batch, int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out);
+
+DFLASH_API int32_t dflash_emulate_kv_compact_linear_kernel(void* const* layer_caches, int32_t num_layers,
+    int32_t batch, int32_t num_kv_heads, int32_t max_seq_len, int32_t head_bytes, int32_t const* past_lengths,
+    int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted);
+
+DFLASH_API int32_t dflash_emulate_kv_compact_paged_kernel(void* const* pool_pointers, int32_t num_pools,
+    int32_t const* pool_mapping, int32_t num_layers, int32_t const* block_offsets, int32_t batch,
+    int32_t max_blocks_per_seq, int32_t tokens_per_block, int32_t num_kv_heads, int32_t head_bytes,
+    int32_t const* past_lengths, int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted);
+
 #ifdef __cplusplus
 }
 #endif

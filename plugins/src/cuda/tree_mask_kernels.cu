@@ -1,8 +1,8 @@
-// CUDA kernel of the DFlashTreeMask plugin. One thread builds one mask row; the
-// row logic is dflash::buildMaskRow, shared with the CPU library.
+// CUDA kernel of the DFlashTreeMask plugin: one thread per mask row. The body is
+// dflash::treeMaskThread (kernel_bodies.h), shared with the CPU emulation.
 
 #include "dflash/cuda_kernels.h"
-#include "dflash/tree_mask_core.h"
+#include "dflash/kernel_bodies.h"
 
 #include <cuda_runtime.h>
 
@@ -11,43 +11,13 @@ namespace dflash
 namespace
 {
 
-constexpr int32_t kThreadsPerBlock = 128;
-
-__global__ void treeMaskKernel(int32_t const* parents, int32_t const* generationLengths, int32_t batch,
+__global__ void treeMaskKernel(int32_t const* parents, int32_t const* generationLengths, int64_t rows,
     int32_t numNodes, int32_t numWords, int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut)
 {
     int64_t const row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (row >= static_cast<int64_t>(batch) * numNodes)
+    if (row < rows)
     {
-        return;
-    }
-    int32_t const seq = static_cast<int32_t>(row / numNodes);
-    int32_t const node = static_cast<int32_t>(row % numNodes);
-    // Clamp rather than trust: an out-of-range length must not make us read past the row.
-    int32_t const length = min(max(generationLengths[seq], 0), numNodes);
-
-    uint32_t words[kMaxMaskWords];
-    int32_t depth = 0;
-    if (node < length)
-    {
-        depth = buildMaskRow(parents + static_cast<int64_t>(seq) * numNodes, node, words, numWords);
-    }
-    else
-    {
-        for (int32_t w = 0; w < numWords; ++w)
-        {
-            words[w] = 0u;
-        }
-    }
-    int32_t* outRow = packedMask + row * numWords;
-    for (int32_t w = 0; w < numWords; ++w)
-    {
-        outRow[w] = static_cast<int32_t>(words[w]);
-    }
-    positionOffsets[row] = depth;
-    if (node == 0)
-    {
-        lengthsOut[seq] = generationLengths[seq];
+        treeMaskThread(row, parents, generationLengths, numNodes, numWords, packedMask, positionOffsets, lengthsOut);
     }
 }
 
@@ -65,8 +35,8 @@ cudaError_t launchTreeMask(int32_t const* parents, int32_t const* generationLeng
     {
         return cudaSuccess;
     }
-    unsigned int const blocks = static_cast<unsigned int>((rows + kThreadsPerBlock - 1) / kThreadsPerBlock);
-    treeMaskKernel<<<blocks, kThreadsPerBlock, 0, stream>>>(parents, generationLengths, batch, numNodes,
+    auto const blocks = static_cast<unsigned int>((rows + kThreadsPerBlock - 1) / kThreadsPerBlock);
+    treeMaskKernel<<<blocks, kThreadsPerBlock, 0, stream>>>(parents, generationLengths, rows, numNodes,
         maskWordsFor(numNodes), packedMask, positionOffsets, lengthsOut);
     return cudaGetLastError();
 }
