@@ -49,6 +49,9 @@ class DFlashDraftConfig:
     sliding_window: int | None = None
     attention_bias: bool = False
     hidden_act: str = "silu"
+    #: Reduced draft vocabulary (vLLM / EAGLE-3 convention): the drafter scores only
+    #: ``draft_vocab_size`` tokens; tensor ``d2t`` maps draft index i to target id i + d2t[i].
+    draft_vocab_size: int | None = None
     model_type: str = "qwen3"
     dtype: str = "bfloat16"
     #: Everything else found in config.json, kept so export round-trips.
@@ -88,6 +91,10 @@ class DFlashDraftConfig:
             )
         if not self.target_layer_ids:
             raise DFlashConfigError("dflash_config.target_layer_ids is empty")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise DFlashConfigError(
+                f"draft_vocab_size={self.draft_vocab_size} must be in 1..vocab_size={self.vocab_size}"
+            )
         if self.hidden_act not in ("silu", "swish"):
             raise DFlashConfigError(f"hidden_act={self.hidden_act!r} is not supported (silu only)")
 

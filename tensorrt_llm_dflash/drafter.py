@@ -202,6 +202,16 @@ class DFlashDraftModel(nn.Module):
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        if config.draft_vocab_size is not None:
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.d2t = None
+
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """Target ids of the reduced draft vocabulary, or None for the full vocabulary."""
+        if self.d2t is None:
+            return None
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def project_context(self, target_features: torch.Tensor) -> torch.Tensor:
         """[batch, S, len(target_layer_ids) * H] target hidden states -> [batch, S, H]."""
@@ -275,6 +285,8 @@ def expected_tensor_shapes(config: DFlashDraftConfig) -> dict[str, tuple[int, ..
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
         })
+        if config.draft_vocab_size is not None:
+            shapes["d2t"] = (config.draft_vocab_size,)
         if config.attention_bias:
             for name, size in (("q_proj", q), ("k_proj", kv), ("v_proj", kv), ("o_proj", h)):
                 shapes[p + f"self_attn.{name}.bias"] = (size,)
@@ -329,7 +341,13 @@ def load_dflash_drafter(
     tensors = check_state_dict(config, read_safetensors_dir(path))
     model = DFlashDraftModel(config)
     model.load_state_dict(tensors, strict=False)  # rotary buffers are not in checkpoints
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if model.d2t is not None:
+        model.d2t = tensors["d2t"].to(device=device, dtype=torch.long)
+        ids = model.draft_token_ids()
+        if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
+            raise DFlashConfigError(f"d2t maps draft tokens outside the vocabulary 0..{config.vocab_size - 1}")
+    return model
 
 
 def save_dflash_drafter(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -342,5 +360,7 @@ def save_dflash_drafter(model: DFlashDraftModel, path: str | Path, dtype: torch.
     config.dtype = str(dtype).replace("torch.", "")
     config.save(path)
     names = expected_tensor_shapes(config)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items() if k in names}
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items() if k in names and k != "d2t"}
+    if model.d2t is not None:
+        state["d2t"] = model.d2t.detach().to("cpu", torch.long).contiguous()
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})

@@ -27,6 +27,14 @@ class DFlashProposer:
         self.target_layer_ids = list(model.config.target_layer_ids)
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
+        self.vocab_size = int(lm_head.weight.shape[0])
+        self.draft_ids = model.draft_token_ids()
+        if self.draft_ids is not None:
+            # Score only the draft vocabulary: the lm_head read dominates drafting cost.
+            self.draft_ids = self.draft_ids.to(lm_head.weight.device)
+            self.head_weight = lm_head.weight.index_select(0, self.draft_ids)
+        else:
+            self.head_weight = lm_head.weight
         self.reset()
 
     @classmethod
@@ -55,5 +63,9 @@ class DFlashProposer:
         embeds = self.embed_tokens(block_ids.to(self.embed_tokens.weight.device)).to(self.device, self.dtype)
         block_positions = torch.arange(self.context_len, self.context_len + self.block_size, device=self.device)[None]
         hidden = self.model(embeds, block_positions, self.cache)
-        head_dtype = self.lm_head.weight.dtype
-        return self.lm_head(hidden[0, 1:].to(self.lm_head.weight.device, head_dtype))
+        hidden = hidden[0, 1:].to(self.head_weight.device, self.head_weight.dtype)
+        logits = hidden @ self.head_weight.T
+        if self.draft_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, self.draft_ids, logits)

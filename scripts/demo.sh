@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up a fresh machine and run the default demo: embedded SmolLM2 target + shipped DFlash drafter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+${PYTHON:-python3} examples/run.py --streaming "$@"

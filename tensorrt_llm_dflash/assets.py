@@ -1,0 +1,21 @@
+"""Assets shipped inside the package: the demo drafter for the embedded SmolLM2 target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+DEMO_DRAFTER_DIR = ASSETS_DIR / "smollm2-135m-instruct-dflash"
+DEMO_DRAFTER_COMMAND = (
+    "python examples/train_dflash.py --output_dir tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash "
+    "--work_dir runs/smollm2 --data_minutes 30 --train_minutes 45"
+)
+#: DDTree budget for the demo drafter on a CPU (see README: "Choosing a budget").
+DEMO_DDTREE_BUDGET = 16
+
+
+def demo_drafter_dir() -> Path | None:
+    """The shipped demo drafter, or None if this checkout has none yet."""
+    if (DEMO_DRAFTER_DIR / "config.json").is_file() and (DEMO_DRAFTER_DIR / "model.safetensors").is_file():
+        return DEMO_DRAFTER_DIR
+    return None

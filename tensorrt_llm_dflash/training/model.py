@@ -1,0 +1,172 @@
+"""OnlineDFlashModel: block-parallel DFlash training on cached target hidden states.
+
+For each sequence, ``num_anchors`` anchors are drawn among the answer positions whose
+next token also carries loss. Every anchor opens a block ``[x[a], MASK x (B-1)]`` at
+positions ``a .. a+B-1``; the block at offset k predicts ``x[a+k]`` (k >= 1) with loss
+weight ``exp(-(k-1)/gamma)``. All blocks of a sequence run in one forward pass under the
+DFlash training mask: a block sees the context strictly before its anchor and its own
+block (both directions), never another block. That is exactly what the block sees at
+inference, where the anchor is the bonus token whose hidden state is not yet known.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..drafter import DFlashDraftModel, DraftContextCache
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchors [b, N] (sorted) and keep [b, N]; only positions a with loss_mask[a] and loss_mask[a+1]."""
+    b, s = loss_mask.shape
+    valid = torch.zeros_like(loss_mask, dtype=torch.bool)
+    valid[:, :-1] = loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()
+    scores = torch.rand(b, s, generator=generator, device=loss_mask.device)
+    scores = scores.masked_fill(~valid, -1.0)
+    k = min(num_anchors, s)
+    top = scores.topk(k, dim=1)
+    keep = top.values >= 0
+    anchors = torch.where(keep, top.indices, torch.zeros_like(top.indices))
+    order = torch.argsort(anchors + (~keep) * s, dim=1)  # kept anchors first, ascending
+    return anchors.gather(1, order), keep.gather(1, order)
+
+
+def training_mask_bool(anchors: torch.Tensor, keep: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """Dense visibility [b, N*B, S + N*B]: context before the anchor, plus the own block."""
+    b, n = anchors.shape
+    q_block = torch.arange(n * block_size, device=anchors.device) // block_size  # [Q]
+    q_anchor = anchors[:, q_block]  # [b, Q]
+    ctx = torch.arange(seq_len, device=anchors.device)[None, None, :] < q_anchor[:, :, None]
+    ctx = ctx & keep[:, q_block][:, :, None]  # dropped blocks see only themselves
+    k_block = torch.arange(n * block_size, device=anchors.device) // block_size
+    own = (q_block[:, None] == k_block[None, :]).expand(b, -1, -1)
+    return torch.cat([ctx, own], dim=2)
+
+
+def training_block_mask(anchors: torch.Tensor, keep: torch.Tensor, seq_len: int, block_size: int, num_heads: int):
+    """The same rule as a flex-attention BlockMask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    b, n = anchors.shape
+
+    def mask_mod(batch, head, q_idx, kv_idx):
+        block = q_idx // block_size
+        anchor = anchors[batch, block]
+        in_ctx = kv_idx < seq_len
+        ctx_ok = (kv_idx < anchor) & keep[batch, block]
+        own_ok = (kv_idx - seq_len) // block_size == block
+        return torch.where(in_ctx, ctx_ok, own_ok)
+
+    q_len = n * block_size
+    return create_block_mask(mask_mod, b, None, q_len, seq_len + q_len, device=str(anchors.device))
+
+
+class OnlineDFlashModel(nn.Module):
+    """Trainable drafter + frozen target embedding / lm_head, with the DFlash loss."""
+
+    def __init__(
+        self,
+        drafter: DFlashDraftModel,
+        embed_weight: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        num_anchors: int = 32,
+        gamma: float = 4.0,
+        distill_weight: float = 0.0,
+        attention: str = "dense",
+    ) -> None:
+        super().__init__()
+        if attention not in ("dense", "flex"):
+            raise ValueError(f"attention={attention!r} must be 'dense' or 'flex'")
+        self.drafter = drafter
+        self.register_buffer("embed_weight", embed_weight.detach(), persistent=False)
+        ids = drafter.draft_token_ids()
+        head = lm_head_weight.detach() if ids is None else lm_head_weight.detach().index_select(0, ids.to(lm_head_weight.device))
+        self.register_buffer("head_weight", head, persistent=False)
+        vocab = lm_head_weight.shape[0]
+        t2d = torch.full((vocab,), -1, dtype=torch.long)
+        t2d[ids.cpu() if ids is not None else torch.arange(vocab)] = torch.arange(head.shape[0])
+        self.register_buffer("target_to_draft", t2d, persistent=False)
+        self.block_size = drafter.config.block_size
+        self.mask_token_id = drafter.config.mask_token_id
+        self.num_anchors = num_anchors
+        self.gamma = gamma
+        self.distill_weight = distill_weight
+        self.attention = attention
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        loss_mask: torch.Tensor,
+        final_hidden: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, torch.Tensor]:
+        b, s = input_ids.shape
+        bs = self.block_size
+        dtype = self.head_weight.dtype
+        anchors, keep = sample_anchors(loss_mask, self.num_anchors, generator)
+        n = anchors.shape[1]
+        offsets = torch.arange(bs, device=input_ids.device)
+        block_positions = (anchors[:, :, None] + offsets).reshape(b, n * bs)
+        block_ids = torch.full((b, n, bs), self.mask_token_id, dtype=torch.long, device=input_ids.device)
+        block_ids[:, :, 0] = input_ids.gather(1, anchors)
+        embeds = F.embedding(block_ids.reshape(b, n * bs), self.embed_weight).to(dtype)
+
+        cache = DraftContextCache()
+        positions = torch.arange(s, device=input_ids.device)[None].expand(b, s)
+        self.drafter.extend_context(cache, features.to(dtype), positions)
+        if self.attention == "flex":
+            mask = training_block_mask(anchors, keep, s, bs, self.drafter.config.num_attention_heads)
+        else:
+            allowed = training_mask_bool(anchors, keep, s, bs)
+            mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device)
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+        hidden = self.drafter(embeds, block_positions, cache, attention_mask=mask)
+        hidden = hidden.view(b, n, bs, -1)[:, :, 1:]  # offset 0 is the known anchor token
+        # A 2-D matmul: a 4-D input against the shared head would run as a slow batched matmul.
+        logits = (hidden.reshape(-1, hidden.shape[-1]) @ self.head_weight.T).view(b, n, bs - 1, -1)
+
+        label_pos = anchors[:, :, None] + offsets[1:]  # [b, n, bs-1]
+        in_range = label_pos < s
+        label_pos = label_pos.clamp(max=s - 1)
+        labels = input_ids.gather(1, label_pos.view(b, -1)).view_as(label_pos)
+        draft_labels = self.target_to_draft[labels]
+        valid = keep[:, :, None] & in_range & loss_mask.gather(1, label_pos.view(b, -1)).view_as(label_pos).bool()
+        representable = valid & (draft_labels >= 0)
+        decay = torch.exp(-(offsets[1:].to(dtype) - 1) / self.gamma)
+        weight = representable.to(dtype) * decay
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), draft_labels.clamp(min=0).view(-1), reduction="none")
+        loss = (ce.view_as(weight) * weight).sum() / weight.sum().clamp(min=1e-6)
+        if self.distill_weight > 0:
+            if final_hidden is None:
+                raise ValueError("distill_weight > 0 needs the target's final hidden states")
+            teacher_pos = (label_pos - 1).view(b, -1)
+            teacher_h = final_hidden.gather(1, teacher_pos[..., None].expand(-1, -1, final_hidden.shape[-1]))
+            teacher = (teacher_h.to(dtype) @ self.head_weight.T).view_as(logits).float().softmax(-1)
+            kl = -(teacher * logits.float().log_softmax(-1)).sum(-1)
+            distill = (kl * weight).sum() / weight.sum().clamp(min=1e-6)
+            loss = (1 - self.distill_weight) * loss + self.distill_weight * distill
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == draft_labels) & valid
+            per_position_correct = correct.sum((0, 1)).float()
+            per_position_count = valid.sum((0, 1)).float()
+        return {
+            "loss": loss,
+            "correct": per_position_correct,
+            "count": per_position_count,
+            "coverage": representable.sum().float() / valid.sum().clamp(min=1).float(),
+        }
+
+
+def cosine_lr(progress: float, warmup: float = 0.03, floor: float = 0.1) -> float:
+    """Multiplier for the learning rate at ``progress`` in [0, 1]."""
+    if progress < warmup:
+        return max(progress / warmup, 0.01)
+    t = min(1.0, (progress - warmup) / max(1e-9, 1 - warmup))
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t))

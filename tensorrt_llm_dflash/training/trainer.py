@@ -1,0 +1,224 @@
+"""Training loop: batches of cached sequences, AdamW, cosine LR on step or time, resume, export."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..config import DFlashDraftConfig, build_target_layer_ids
+from ..drafter import DFlashDraftModel, save_dflash_drafter
+from ..errors import DFlashConfigError
+from .data import Sequence
+from .model import OnlineDFlashModel, cosine_lr
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 6e-4
+    weight_decay: float = 0.0
+    batch_size: int = 4
+    num_anchors: int = 48
+    gamma: float = 4.0
+    distill_weight: float = 0.0
+    max_steps: int = 100_000
+    time_budget_s: float | None = None
+    log_every: int = 50
+    save_every: int = 200
+    eval_fraction: float = 0.04
+    seed: int = 0
+    attention: str = "dense"
+
+
+def suggest_drafter_shape(num_target_params: int, device_type: str = "cpu") -> tuple[int, int]:
+    """(draft layers, block size) for a target. Small targets on a CPU: 2 layers, block 8;
+    billion-scale targets follow the published drafters (5 layers, block 16)."""
+    if num_target_params >= 3e9:
+        return 5, 16
+    if num_target_params >= 1e9:
+        return 3, 16 if device_type == "cuda" else 8
+    return 2, 8
+
+
+def make_drafter_config(
+    target_config: Any,
+    num_layers: int,
+    block_size: int,
+    mask_token_id: int,
+    num_feature_layers: int = 5,
+    draft_vocab_size: int | None = None,
+) -> DFlashDraftConfig:
+    """A drafter shaped like the target's own layers; refuses targets it cannot fit."""
+    c = target_config
+    lt = int(c.num_hidden_layers)
+    if num_feature_layers > 1 and lt < 4 + num_feature_layers - 1:
+        raise DFlashConfigError(
+            f"target num_hidden_layers={lt} is too shallow for {num_feature_layers} feature layers "
+            f"(need at least {num_feature_layers + 3}); use --num_feature_layers 1"
+        )
+    if not 0 <= mask_token_id < int(c.vocab_size):
+        raise DFlashConfigError(f"mask_token_id={mask_token_id} is outside the target vocabulary 0..{c.vocab_size - 1}")
+    heads = int(c.num_attention_heads)
+    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    return DFlashDraftConfig(
+        hidden_size=int(c.hidden_size), intermediate_size=int(c.intermediate_size), num_hidden_layers=num_layers,
+        num_attention_heads=heads, num_key_value_heads=int(getattr(c, "num_key_value_heads", heads)),
+        head_dim=head_dim, vocab_size=int(c.vocab_size), block_size=block_size, mask_token_id=mask_token_id,
+        target_layer_ids=build_target_layer_ids(lt, num_feature_layers), num_target_layers=lt,
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(getattr(c, "rope_theta", 1e6)),
+        rope_scaling=getattr(c, "rope_scaling", None), max_position_embeddings=int(c.max_position_embeddings),
+        draft_vocab_size=draft_vocab_size,
+    )
+
+
+def init_from_target(drafter: DFlashDraftModel, target: Any) -> None:
+    """Start the draft layers from the target's last layers (same shapes), the rest random."""
+    layers = target.get_decoder().layers
+    offset = len(layers) - len(drafter.layers)
+    with torch.no_grad():
+        for i, layer in enumerate(drafter.layers):
+            src = dict(layers[offset + i].named_parameters())
+            for name, param in layer.named_parameters():
+                if name in src and src[name].shape == param.shape:
+                    param.copy_(src[name])
+        drafter.norm.weight.copy_(target.get_decoder().norm.weight)
+        torch.nn.init.normal_(drafter.fc.weight, std=0.02)
+
+
+def _batch(seqs: list[Sequence], with_final: bool) -> dict[str, torch.Tensor]:
+    s = max(len(x.input_ids) for x in seqs)
+    b = len(seqs)
+    f = seqs[0].features.shape[-1]
+    ids = torch.zeros(b, s, dtype=torch.long)
+    mask = torch.zeros(b, s, dtype=torch.bool)
+    feats = torch.zeros(b, s, f, dtype=torch.bfloat16)
+    final = torch.zeros(b, s, seqs[0].final_hidden.shape[-1], dtype=torch.bfloat16) if with_final else None
+    for row, x in enumerate(seqs):
+        n = len(x.input_ids)
+        ids[row, :n], mask[row, :n], feats[row, :n] = x.input_ids, x.loss_mask, x.features
+        if with_final:
+            final[row, :n] = x.final_hidden
+    out = {"input_ids": ids, "loss_mask": mask, "features": feats.float()}
+    if with_final:
+        out["final_hidden"] = final.float()
+    return out
+
+
+def train(
+    online: OnlineDFlashModel,
+    sequences: list[Sequence],
+    config: TrainConfig,
+    output_dir: str | Path,
+    resume: bool = True,
+) -> dict[str, Any]:
+    """Train in place; checkpoints to ``output_dir/checkpoint.pt``; returns final metrics."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    order = list(range(len(sequences)))
+    rng.shuffle(order)
+    n_eval = max(1, int(len(order) * config.eval_fraction))
+    eval_ids, train_ids = order[:n_eval], order[n_eval:]
+    params = [p for p in online.drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    step, elapsed, history = 0, 0.0, []
+    ckpt = out / "checkpoint.pt"
+    if resume and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        online.drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["optimizer"])
+        step, elapsed, history = state["step"], state["elapsed"], state["history"]
+        rng.setstate(state["rng"])
+        print(f"resumed from {ckpt} at step {step} ({elapsed / 60:.1f} min trained)")
+    gen = torch.Generator().manual_seed(config.seed + step)
+    with_final = config.distill_weight > 0
+
+    def progress() -> float:
+        p = step / config.max_steps
+        if config.time_budget_s:
+            p = max(p, elapsed / config.time_budget_s)
+        return p
+
+    def save() -> None:
+        torch.save({"drafter": online.drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                    "elapsed": elapsed, "history": history, "rng": rng.getstate(), "config": asdict(config)}, ckpt)
+
+    bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step", mininterval=5.0)
+    window: dict[str, Any] = {"loss": 0.0, "n": 0, "correct": None, "count": None}
+    online.train()
+    while progress() < 1.0:
+        t0 = time.perf_counter()
+        batch = _batch([sequences[i] for i in rng.sample(train_ids, min(config.batch_size, len(train_ids)))], with_final)
+        lr = config.lr * cosine_lr(progress())
+        for group in opt.param_groups:
+            group["lr"] = lr
+        out_step = online(**batch, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        out_step["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.perf_counter() - t0
+        window["loss"] += out_step["loss"].item()
+        window["n"] += 1
+        window["correct"] = out_step["correct"] if window["correct"] is None else window["correct"] + out_step["correct"]
+        window["count"] = out_step["count"] if window["count"] is None else window["count"] + out_step["count"]
+        bar.update(1)
+        if step % config.log_every == 0:
+            acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
+            ev = evaluate(online, [sequences[i] for i in eval_ids], config, with_final)
+            record = {"step": step, "minutes": elapsed / 60, "lr": lr, "train_loss": window["loss"] / window["n"],
+                      "train_acc": acc, **ev}
+            history.append(record)
+            bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(a, 3) for a in v] if isinstance(v, list) else v)
+                                  for k, v in record.items()}))
+            window = {"loss": 0.0, "n": 0, "correct": None, "count": None}
+        bar.set_postfix(loss=f"{out_step['loss'].item():.3f}", lr=f"{lr:.1e}", min=f"{elapsed / 60:.1f}")
+        if step % config.save_every == 0:
+            save()
+    bar.close()
+    save()
+    final = evaluate(online, [sequences[i] for i in eval_ids], config, with_final)
+    final.update({"steps": step, "train_minutes": elapsed / 60})
+    return {"final": final, "history": history}
+
+
+@torch.no_grad()
+def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfig, with_final: bool) -> dict[str, Any]:
+    """Held-out loss, per-position top-1 accuracy and the implied expected chain tau."""
+    was_training = online.training
+    online.eval()
+    gen = torch.Generator().manual_seed(12345)
+    loss, correct, count = 0.0, None, None
+    batches = [seqs[i : i + config.batch_size] for i in range(0, len(seqs), config.batch_size)]
+    for chunk in batches:
+        out = online(**_batch(chunk, with_final), generator=gen)
+        loss += float(out["loss"])
+        correct = out["correct"] if correct is None else correct + out["correct"]
+        count = out["count"] if count is None else count + out["count"]
+    online.train(was_training)
+    acc = (correct / count.clamp(min=1)).tolist()
+    # Block-wise top-1 accuracies are conditional on nothing; their running product is a
+    # rough estimate of chain acceptance (it ignores correlation between positions).
+    tau, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        tau += run
+    return {"eval_loss": loss / max(1, len(batches)), "eval_acc": acc, "eval_tau_estimate": tau}
+
+
+def export(online: OnlineDFlashModel, output_dir: str | Path, card: dict[str, Any]) -> None:
+    out = Path(output_dir)
+    save_dflash_drafter(online.drafter, out, dtype=torch.bfloat16)
+    (out / "training_metrics.json").write_text(json.dumps(card, indent=2, default=float) + "\n")
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
