@@ -17,23 +17,18 @@ for p in (str(ROOT), str(TESTS)):
 # Tiny float64 models: one thread is faster than two on a shared 2-core machine.
 torch.set_num_threads(1)
 
-from tiny_models import (
-    NoisyOracleProposer,
-    OracleProposer,
-    Top2Proposer,
-    cached_target,
-)
-
-PROPOSERS = {"oracle": OracleProposer, "noisy": NoisyOracleProposer, "top2": Top2Proposer}
-
 
 @pytest.fixture(scope="session")
 def qwen_target():
+    from tiny_models import cached_target
+
     return cached_target("qwen3", seed=0, vocab=32)
 
 
 @pytest.fixture(scope="session")
 def llama_target():
+    from tiny_models import cached_target
+
     return cached_target("llama", seed=0, vocab=32)
 
 
@@ -41,7 +36,11 @@ def llama_target():
 def make_proposer():
     """make_proposer(kind, sequence, block_size, vocab, seed=0) -> a scripted proposer."""
 
+    from tiny_models import NoisyOracleProposer, OracleProposer, Top2Proposer
+
+    kinds = {"oracle": OracleProposer, "noisy": NoisyOracleProposer, "top2": Top2Proposer}
+
     def make(kind: str, sequence, block_size: int, vocab: int, seed: int = 0):
-        return PROPOSERS[kind](list(sequence), block_size, vocab, seed=seed)
+        return kinds[kind](list(sequence), block_size, vocab, seed=seed)
 
     return make
