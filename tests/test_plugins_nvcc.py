@@ -90,3 +90,29 @@ def test_trt_plugin_compiles_against_headers(source: Path, tmp_path: Path) -> No
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout}{result.stderr}"
     assert not result.stderr.strip(), result.stderr
+
+
+@pytest.mark.skipif(
+    TRT_INCLUDE is None,
+    reason="no TensorRT headers: set DFLASH_TRT_INCLUDE_DIR to a TensorRT 10.x include/ directory",
+)
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_trt_plugin_classes_host_test(tmp_path: Path) -> None:
+    """Build and run plugins/tests/trt_plugin_host_test.cpp: creators, fields, serialisation,
+    clone, capability interfaces, types, formats and shape checks, on the host
+    (links cudart statically, not libnvinfer; launches no kernel)."""
+    executable = tmp_path / "trt_plugin_host_test"
+    sources = [PLUGINS / "tests" / "trt_plugin_host_test.cpp"] + [
+        PLUGINS / "src" / "trt" / name for name in ("plugin_fields.cpp", "tree_mask_plugin.cpp", "kv_compact_plugin.cpp")
+    ] + CUDA_SOURCES
+    command = [
+        NVCC, "-std=c++17", "-gencode", "arch=compute_80,code=sm_80",
+        f"-I{PLUGINS / 'include'}", f"-I{PLUGINS / 'src' / 'trt'}", "-isystem", str(TRT_INCLUDE),
+        "-Werror", "all-warnings", "-Xcompiler", "-Wall,-Wextra,-Werror",
+        *[str(s) for s in sources], "-o", str(executable),
+    ]
+    build = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    assert build.returncode == 0, f"{' '.join(command)}\n{build.stdout}{build.stderr}"
+    run = subprocess.run([str(executable)], capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "PASSED: 0 failure(s)" in run.stdout
