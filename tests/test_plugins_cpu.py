@@ -188,3 +188,12 @@ def _raw_tree_mask_code(lib: ctypes.CDLL, parents: np.ndarray, lengths: np.ndarr
         parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n,
         packed.ctypes.data_as(p), offsets.ctypes.data_as(p), out.ctypes.data_as(p), None,
     )
+
+
+def test_every_error_code_becomes_input_error_with_value(cpu_library: ctypes.CDLL) -> None:
+    for code in range(1, kernels.ERR_BLOCK_OFFSET + 1):
+        detail = kernels._ErrorDetail(code, 1, 2, 77)
+        with pytest.raises(DFlashInputError) as excinfo:
+            kernels._raise_for(code, detail, {"geometry": "heads=77", "capacity": 9, "max_accepted": 3})
+        message = str(excinfo.value)
+        assert message and ("77" in message or code == kernels.ERR_NULL_POINTER), (code, message)
