@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Convert an HF target (Qwen3 / Qwen2 / Llama safetensors) and a DFlash drafter into a
+TensorRT-LLM checkpoint for ``trtllm-build --speculative_decoding_mode dflash``.
+
+    python examples/convert_checkpoint.py --model_dir TARGET --dflash_model_dir DRAFTER \\
+        --output_dir CKPT --dtype bfloat16 [--tp_size N] [--pp_size 1]
+
+Runs without TensorRT-LLM (plain torch + safetensors). Exits with status 2 and a
+message naming the field when the drafter does not fit the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model_dir", required=True, help="HF target directory (config.json + *.safetensors)")
+    ap.add_argument("--dflash_model_dir", required=True, help="DFlash drafter directory (published format)")
+    ap.add_argument("--output_dir", required=True, help="where config.json and rank{N}.safetensors go")
+    ap.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto")
+    ap.add_argument("--tp_size", type=int, default=1)
+    ap.add_argument("--pp_size", type=int, default=1)
+    ap.add_argument("--max_draft_len", type=int, default=None,
+                    help="default draft length stored in config.json (default: block_size - 1)")
+    ap.add_argument("--no_progress", action="store_true", help="no progress bar")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tensorrt_llm_dflash.trtllm.weight import convert_checkpoint
+
+    t0 = time.perf_counter()
+    try:
+        config = convert_checkpoint(
+            args.model_dir, args.dflash_model_dir, args.output_dir, dtype=args.dtype,
+            tp_size=args.tp_size, pp_size=args.pp_size, max_draft_len=args.max_draft_len,
+            progress=not args.no_progress,
+        )
+    except DFlashError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output_dir}: {config['mapping']['world_size']} rank(s), dtype {config['dtype']}, "
+          f"{config['num_hidden_layers']} target + {config['dflash']['num_hidden_layers']} draft layers, "
+          f"in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

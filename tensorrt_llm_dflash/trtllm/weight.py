@@ -1,0 +1,453 @@
+"""HF target + DFlash drafter -> TensorRT-LLM checkpoint (``config.json`` + ``rank{N}.safetensors``).
+
+Plain torch + safetensors: this module never imports tensorrt or tensorrt_llm, so a
+checkpoint can be converted (and tested) on a machine without them.
+
+Target tensor names and TP rules follow TensorRT-LLM 1.2.1's own converters
+(NVIDIA/TensorRT-LLM):
+
+* ``tensorrt_llm/models/qwen/convert.py::convert_hf_qwen`` and
+  ``tensorrt_llm/models/qwen/utils.py::get_qwen_key_list``:
+  ``mlp.gate`` <- ``mlp.up_proj``, ``mlp.fc`` <- ``mlp.gate_proj``, ``mlp.proj`` <-
+  ``mlp.down_proj``, ``attention.dense`` <- ``self_attn.o_proj``, ``attention.qkv`` =
+  ``cat(split(q), split(k), split(v))`` per rank, KV heads duplicated with
+  ``dup_kv_weight`` when ``num_key_value_heads < tp_size``, Qwen3 ``q_norm``/``k_norm``
+  -> ``attention.q_layernorm``/``attention.k_layernorm``, ``post_attention_layernorm`` ->
+  ``post_layernorm``, ``model.norm`` -> ``transformer.ln_f``, ``lm_head`` padded with zero
+  rows to ``pad_vocab_size(vocab, tp)`` and split on dim 0 (tied embeddings copy the
+  embedding), ``transformer.vocab_embedding`` unsplit (``use_parallel_embedding=False``).
+* ``tensorrt_llm/models/convert_utils.py``: ``split`` (equal chunks, ``torch.split``),
+  ``dup_kv_weight`` (each KV head repeated ``tp // kv_heads`` times, head by head).
+* ``tensorrt_llm/models/llama/convert.py`` uses the same names and rules for Llama.
+* Config fields: ``tensorrt_llm/models/modeling_utils.py::PretrainedConfig.__init__``,
+  ``tensorrt_llm/models/qwen/config.py::QWenConfig`` (``qwen_type``, ``attn_bias``,
+  ``rotary_base``, ``rotary_scaling``, ...), ``tensorrt_llm/models/llama/config.py::LLaMAConfig``.
+
+Drafter tensors live under ``dflash.`` with the same per-layer names as the target
+(``dflash.layers.{i}.attention.qkv.weight`` ...) and the same TP rules, so the engine
+builds the draft layers from TensorRT-LLM's own ``Attention``/``GatedMLP`` modules.
+The feature projection ``dflash.fc`` and the norms are replicated on every rank: the
+captured target hidden states are full (replicated after the row-parallel all-reduce),
+so a replicated ``fc`` needs no communication. A reduced draft vocabulary adds
+``dflash.lm_head.weight`` (the draft rows of the target lm_head, padded and split like
+``lm_head``) and ``dflash.d2t`` (int32, replicated).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import DFlashDraftConfig
+from ..errors import DFlashConfigError
+
+DRAFTER_PREFIX = "dflash."
+ARCHITECTURE = "DFlashForCausalLM"
+SUPPORTED_TARGETS = {"qwen3": "qwen", "qwen2": "qwen", "llama": "llama", "mistral": "llama"}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def pad_vocab_size(vocab_size: int, tp_size: int) -> int:
+    """Same rule as ``tensorrt_llm/_utils.py::pad_vocab_size``: round up to a multiple of tp."""
+    return (vocab_size + tp_size - 1) // tp_size * tp_size
+
+
+# ------------------------------------------------------------------------ TP rules
+
+
+def split(tensor: torch.Tensor, tp_size: int, rank: int, dim: int = 0) -> torch.Tensor:
+    """``convert_utils.split``: equal chunks along ``dim``; refuses uneven shapes."""
+    if tp_size == 1:
+        return tensor
+    if tensor.shape[dim] % tp_size:
+        raise DFlashConfigError(
+            f"cannot split a tensor of shape {tuple(tensor.shape)} on dim {dim} into tp_size={tp_size} parts"
+        )
+    return tensor.split(tensor.shape[dim] // tp_size, dim=dim)[rank].clone()
+
+
+def dup_kv_heads(weight: torch.Tensor, num_kv_heads: int, tp_size: int) -> torch.Tensor:
+    """``convert_utils.dup_kv_weight``: repeat each KV head so every rank holds one.
+
+    Works for weights ``[kv * d, in]`` and biases ``[kv * d]``.
+    """
+    if tp_size % num_kv_heads:
+        raise DFlashConfigError(
+            f"tp_size={tp_size} is not a multiple of num_key_value_heads={num_kv_heads}"
+        )
+    reps = tp_size // num_kv_heads
+    head = weight.shape[0] // num_kv_heads
+    rest = weight.shape[1:]
+    out = weight.reshape(num_kv_heads, 1, head, *rest).expand(num_kv_heads, reps, head, *rest)
+    return out.reshape(num_kv_heads * reps * head, *rest).clone()
+
+
+def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: int, tp_size: int,
+              rank: int) -> torch.Tensor:
+    """Rank-local ``attention.qkv``: ``cat(split(q), split(k), split(v))``, KV heads
+    duplicated first when there are fewer than ranks (head groups stay together)."""
+    if num_kv_heads < tp_size:
+        k, v = dup_kv_heads(k, num_kv_heads, tp_size), dup_kv_heads(v, num_kv_heads, tp_size)
+    elif num_kv_heads % tp_size:
+        raise DFlashConfigError(f"num_key_value_heads={num_kv_heads} is not divisible by tp_size={tp_size}")
+    return torch.cat([split(q, tp_size, rank), split(k, tp_size, rank), split(v, tp_size, rank)], dim=0)
+
+
+# ------------------------------------------------------------------------- HF input
+
+
+def read_hf_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory (single file or index-sharded)."""
+    from safetensors.torch import load_file
+
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    if not files:
+        raise DFlashConfigError(f"target directory {str(model_dir)!r} has no *.safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(str(model_dir / name)))
+    return tensors
+
+
+@dataclass
+class TargetSpec:
+    """The target's sizes, read from its HF config.json."""
+
+    model_type: str
+    family: str  # "qwen" or "llama": which TensorRT-LLM config class the engine wraps
+    hf_config: dict[str, Any]
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    attn_bias: bool
+    qk_layernorm: bool
+
+    @classmethod
+    def from_dir(cls, model_dir: Path) -> TargetSpec:
+        path = model_dir / "config.json"
+        if not path.is_file():
+            raise DFlashConfigError(f"target directory {str(model_dir)!r} has no config.json")
+        hf = json.loads(path.read_text())
+        model_type = str(hf.get("model_type", ""))
+        if model_type not in SUPPORTED_TARGETS:
+            raise DFlashConfigError(
+                f"target model_type={model_type!r} is not supported; supported: {sorted(SUPPORTED_TARGETS)}"
+            )
+        heads = int(hf["num_attention_heads"])
+        hidden = int(hf["hidden_size"])
+        return cls(
+            model_type=model_type,
+            family=SUPPORTED_TARGETS[model_type],
+            hf_config=hf,
+            hidden_size=hidden,
+            num_layers=int(hf["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_size=int(hf.get("head_dim") or hidden // heads),
+            intermediate_size=int(hf["intermediate_size"]),
+            vocab_size=int(hf["vocab_size"]),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            # Qwen2 has q/k/v biases; Qwen3 and Llama only with attention_bias (qwen/config.py).
+            attn_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            qk_layernorm=model_type == "qwen3",
+        )
+
+
+# ------------------------------------------------------------------------- config
+
+
+def trtllm_config(
+    target: TargetSpec,
+    drafter: DFlashDraftConfig,
+    *,
+    dtype: str,
+    tp_size: int,
+    pp_size: int,
+    max_draft_len: int | None = None,
+) -> dict[str, Any]:
+    """The checkpoint's config.json: PretrainedConfig + QWenConfig/LLaMAConfig fields
+    (as their ``from_hugging_face`` would set them) + a ``dflash`` section."""
+    hf = target.hf_config
+    config: dict[str, Any] = {
+        "architecture": ARCHITECTURE,
+        "dtype": dtype,
+        "logits_dtype": "float32",
+        "vocab_size": target.vocab_size,
+        "hidden_size": target.hidden_size,
+        "num_hidden_layers": target.num_layers,
+        "num_attention_heads": target.num_heads,
+        "num_key_value_heads": target.num_kv_heads,
+        "head_size": target.head_size,
+        "intermediate_size": target.intermediate_size,
+        "hidden_act": hf.get("hidden_act", "silu"),
+        "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+        "position_embedding_type": "rope_gpt_neox",
+        "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
+        "rotary_base": float(hf.get("rope_theta", 10000.0)),
+        "rotary_scaling": hf.get("rope_scaling"),
+        "attn_bias": target.attn_bias,
+        "mlp_bias": bool(hf.get("mlp_bias", False)),
+        "qk_layernorm": target.qk_layernorm,
+        "tie_word_embeddings": target.tie_word_embeddings,
+        "use_parallel_embedding": False,
+        "embedding_sharding_dim": 0,
+        "mapping": {"world_size": tp_size * pp_size, "tp_size": tp_size, "pp_size": pp_size},
+        "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+        # Medusa-compatible fields (models/medusa/config.py): the runtime reads the
+        # number of draft heads and the draft length like Medusa's.
+        "num_medusa_heads": drafter.block_size - 1,
+        "max_draft_len": max_draft_len if max_draft_len is not None else drafter.block_size - 1,
+        # Which TensorRT-LLM target family the DFlash model wraps.
+        "base_architecture": hf.get("architectures", ["?"])[0],
+        "base_family": target.family,
+    }
+    if target.family == "qwen":
+        config["qwen_type"] = target.model_type
+    config["dflash"] = {
+        "num_hidden_layers": drafter.num_hidden_layers,
+        "hidden_size": drafter.hidden_size,
+        "intermediate_size": drafter.intermediate_size,
+        "num_attention_heads": drafter.num_attention_heads,
+        "num_key_value_heads": drafter.num_key_value_heads,
+        "head_size": drafter.head_dim,
+        "block_size": drafter.block_size,
+        "mask_token_id": drafter.mask_token_id,
+        "target_layer_ids": list(drafter.target_layer_ids),
+        "norm_epsilon": drafter.rms_norm_eps,
+        "rotary_base": drafter.rope_theta,
+        "rotary_scaling": drafter.rope_scaling,
+        "max_position_embeddings": drafter.max_position_embeddings,
+        "layer_types": list(drafter.layer_types),
+        "sliding_window": drafter.sliding_window,
+        "attn_bias": drafter.attention_bias,
+        "hidden_act": drafter.hidden_act,
+        "draft_vocab_size": drafter.draft_vocab_size,
+    }
+    return config
+
+
+# ---------------------------------------------------------------------- converters
+
+
+def _get(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in tensors:
+        raise DFlashConfigError(f"checkpoint tensor {name!r} is missing")
+    return tensors[name]
+
+
+def _layer_tensors(
+    get: Callable[..., torch.Tensor | None],
+    *,
+    out_prefix: str,
+    num_kv_heads: int,
+    qk_layernorm: bool,
+    tp_size: int,
+    rank: int,
+) -> dict[str, torch.Tensor]:
+    """One decoder layer (target or drafter), HF names -> TensorRT-LLM names, rank-local."""
+    out: dict[str, torch.Tensor] = {}
+    q, k, v = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")
+    out["attention.qkv.weight"] = fused_qkv(q, k, v, num_kv_heads, tp_size, rank)
+    qb = get("self_attn.q_proj.bias", optional=True)
+    if qb is not None:
+        kb, vb = get("self_attn.k_proj.bias"), get("self_attn.v_proj.bias")
+        out["attention.qkv.bias"] = fused_qkv(qb, kb, vb, num_kv_heads, tp_size, rank)
+    out["attention.dense.weight"] = split(get("self_attn.o_proj.weight"), tp_size, rank, dim=1)
+    ob = get("self_attn.o_proj.bias", optional=True)
+    if ob is not None:  # RowLinear adds its bias once, after the all-reduce: replicated
+        out["attention.dense.bias"] = ob.clone()
+    if qk_layernorm:
+        out["attention.q_layernorm.weight"] = get("self_attn.q_norm.weight").clone()
+        out["attention.k_layernorm.weight"] = get("self_attn.k_norm.weight").clone()
+    # GatedMLP (tensorrt_llm/layers/mlp.py): act(fc(x)) * gate(x) -> proj, so fc is the
+    # activated branch (HF gate_proj) and gate the linear one (HF up_proj).
+    out["mlp.fc.weight"] = split(get("mlp.gate_proj.weight"), tp_size, rank, dim=0)
+    out["mlp.gate.weight"] = split(get("mlp.up_proj.weight"), tp_size, rank, dim=0)
+    out["mlp.proj.weight"] = split(get("mlp.down_proj.weight"), tp_size, rank, dim=1)
+    out["input_layernorm.weight"] = get("input_layernorm.weight").clone()
+    out["post_layernorm.weight"] = get("post_attention_layernorm.weight").clone()
+    return {out_prefix + name: t for name, t in out.items()}
+
+
+def _getter(tensors: dict[str, torch.Tensor], prefix: str) -> Callable[..., torch.Tensor | None]:
+    def get(name: str, optional: bool = False) -> torch.Tensor | None:
+        full = prefix + name
+        if full not in tensors:
+            if optional:
+                return None
+            raise DFlashConfigError(f"checkpoint tensor {full!r} is missing")
+        return tensors[full]
+
+    return get
+
+
+def _padded_rows(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    if weight.shape[0] == rows:
+        return weight
+    pad = weight.new_zeros(rows - weight.shape[0], *weight.shape[1:])
+    return torch.cat([weight, pad], dim=0)
+
+
+def convert_rank(
+    target: TargetSpec,
+    target_tensors: dict[str, torch.Tensor],
+    drafter: DFlashDraftConfig,
+    drafter_tensors: dict[str, torch.Tensor],
+    *,
+    tp_size: int,
+    rank: int,
+    dtype: torch.dtype,
+) -> dict[str, torch.Tensor]:
+    """All TensorRT-LLM tensors of one tensor-parallel rank (pp_size 1)."""
+    out: dict[str, torch.Tensor] = {}
+    embed = _get(target_tensors, "model.embed_tokens.weight")
+    out["transformer.vocab_embedding.weight"] = embed.clone()
+    for layer in range(target.num_layers):
+        out.update(_layer_tensors(
+            _getter(target_tensors, f"model.layers.{layer}."),
+            out_prefix=f"transformer.layers.{layer}.",
+            num_kv_heads=target.num_kv_heads, qk_layernorm=target.qk_layernorm, tp_size=tp_size, rank=rank,
+        ))
+    out["transformer.ln_f.weight"] = _get(target_tensors, "model.norm.weight").clone()
+    if "lm_head.weight" in target_tensors:
+        lm_head = target_tensors["lm_head.weight"]
+    elif target.tie_word_embeddings:
+        lm_head = embed
+    else:
+        raise DFlashConfigError("target has no lm_head.weight and tie_word_embeddings is false")
+    padded = pad_vocab_size(target.vocab_size, tp_size)
+    out["lm_head.weight"] = split(_padded_rows(lm_head, padded), tp_size, rank, dim=0)
+
+    # Drafter: same layer names and rules under "dflash."; Qwen3-style layers always
+    # carry q/k norms (drafter.py), whatever the target family.
+    for layer in range(drafter.num_hidden_layers):
+        out.update(_layer_tensors(
+            _getter(drafter_tensors, f"layers.{layer}."),
+            out_prefix=f"{DRAFTER_PREFIX}layers.{layer}.",
+            num_kv_heads=drafter.num_key_value_heads, qk_layernorm=True, tp_size=tp_size, rank=rank,
+        ))
+    for name in ("fc.weight", "hidden_norm.weight", "norm.weight"):
+        out[DRAFTER_PREFIX + name] = _get(drafter_tensors, name).clone()
+    if drafter.draft_vocab_size is not None:
+        d2t = _get(drafter_tensors, "d2t").to(torch.int64)
+        draft_ids = torch.arange(d2t.shape[0]) + d2t
+        draft_rows = lm_head.index_select(0, draft_ids)
+        draft_padded = pad_vocab_size(drafter.draft_vocab_size, tp_size)
+        out[DRAFTER_PREFIX + "lm_head.weight"] = split(_padded_rows(draft_rows, draft_padded), tp_size, rank, dim=0)
+    converted = {name: t.to(dtype).contiguous() for name, t in out.items()}
+    if drafter.draft_vocab_size is not None:
+        converted[DRAFTER_PREFIX + "d2t"] = _get(drafter_tensors, "d2t").to(torch.int32).contiguous()
+    return converted
+
+
+def load_and_check(
+    target_dir: str | Path, drafter_dir: str | Path
+) -> tuple[TargetSpec, dict[str, torch.Tensor], DFlashDraftConfig, dict[str, torch.Tensor]]:
+    """Read both checkpoints and refuse a drafter that does not fit the target."""
+    from ..drafter import check_state_dict, read_safetensors_dir
+
+    target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
+    target = TargetSpec.from_dir(target_dir)
+    drafter = DFlashDraftConfig.from_pretrained(drafter_dir)
+    target_tensors = read_hf_safetensors(target_dir)
+    embed = _get(target_tensors, "model.embed_tokens.weight")
+    drafter.validate_for_target(
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        num_hidden_layers=target.num_layers,
+        embedding_rows=int(embed.shape[0]),
+    )
+    drafter_tensors = check_state_dict(drafter, read_safetensors_dir(drafter_dir))
+    if drafter.draft_vocab_size is not None:
+        ids = torch.arange(drafter.draft_vocab_size) + drafter_tensors["d2t"].to(torch.int64)
+        if int(ids.min()) < 0 or int(ids.max()) >= target.vocab_size:
+            raise DFlashConfigError(
+                f"d2t maps draft tokens outside the target vocabulary 0..{target.vocab_size - 1}"
+            )
+    return target, target_tensors, drafter, drafter_tensors
+
+
+def check_parallelism(target: TargetSpec, drafter: DFlashDraftConfig, tp_size: int, pp_size: int) -> None:
+    """Refuse mappings the TP rules cannot express, naming the size that does not divide."""
+    if tp_size < 1 or pp_size < 1:
+        raise DFlashConfigError(f"tp_size={tp_size} and pp_size={pp_size} must be >= 1")
+    if pp_size != 1:
+        raise DFlashConfigError(
+            f"pp_size={pp_size} is not supported: the drafter reads target layers from every stage, "
+            "so DFlash engines use tensor parallelism only (pp_size 1)"
+        )
+    for who, heads, kv, inter in (
+        ("target", target.num_heads, target.num_kv_heads, target.intermediate_size),
+        ("drafter", drafter.num_attention_heads, drafter.num_key_value_heads, drafter.intermediate_size),
+    ):
+        if heads % tp_size:
+            raise DFlashConfigError(f"{who} num_attention_heads={heads} is not divisible by tp_size={tp_size}")
+        if (kv < tp_size and tp_size % kv) or (kv >= tp_size and kv % tp_size):
+            raise DFlashConfigError(f"{who} num_key_value_heads={kv} does not fit tp_size={tp_size}")
+        if inter % tp_size:
+            raise DFlashConfigError(f"{who} intermediate_size={inter} is not divisible by tp_size={tp_size}")
+
+
+def iter_ranks(
+    target_dir: str | Path,
+    drafter_dir: str | Path,
+    *,
+    dtype: str = "auto",
+    tp_size: int = 1,
+    pp_size: int = 1,
+    max_draft_len: int | None = None,
+) -> Iterator[tuple[dict[str, Any], int, dict[str, torch.Tensor]]]:
+    """Yield ``(config, rank, tensors)`` for every rank; the config is the same each time."""
+    target, target_tensors, drafter, drafter_tensors = load_and_check(target_dir, drafter_dir)
+    check_parallelism(target, drafter, tp_size, pp_size)
+    if dtype == "auto":
+        dtype = str(target.hf_config.get("torch_dtype") or target.hf_config.get("dtype") or "float32")
+    if dtype not in DTYPES:
+        raise DFlashConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    config = trtllm_config(target, drafter, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
+                           max_draft_len=max_draft_len)
+    for rank in range(tp_size * pp_size):
+        yield config, rank, convert_rank(target, target_tensors, drafter, drafter_tensors,
+                                         tp_size=tp_size, rank=rank, dtype=DTYPES[dtype])
+
+
+def convert_checkpoint(
+    target_dir: str | Path,
+    drafter_dir: str | Path,
+    output_dir: str | Path,
+    *,
+    dtype: str = "auto",
+    tp_size: int = 1,
+    pp_size: int = 1,
+    max_draft_len: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Write ``config.json`` and ``rank{N}.safetensors`` to ``output_dir``; returns the config."""
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    output_dir = Path(output_dir)
+    ranks = iter_ranks(target_dir, drafter_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
+                       max_draft_len=max_draft_len)
+    config: dict[str, Any] = {}
+    bar = tqdm(ranks, total=tp_size * pp_size, desc="converting ranks", unit="rank", disable=not progress)
+    for rank_config, rank, tensors in bar:
+        config = rank_config
+        output_dir.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(output_dir / f"rank{rank}.safetensors"), metadata={"format": "pt"})
+    (output_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    return config

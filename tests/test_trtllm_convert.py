@@ -1,0 +1,344 @@
+"""Checkpoint conversion for the TensorRT-LLM engine, verified without TensorRT-LLM.
+
+A plain-PyTorch reference model reads the converted checkpoint by its TensorRT-LLM
+names (``transformer.layers.N.attention.qkv`` ...), merges the tensor-parallel shards by
+the TP rules, and must reproduce the HF target's logits and the DFlash drafter's block
+logits (vs ``DFlashProposer``) to 1e-5 in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from tensorrt_llm_dflash.config import DFlashDraftConfig
+from tensorrt_llm_dflash.drafter import DFlashDraftModel, save_dflash_drafter
+from tensorrt_llm_dflash.proposer import DFlashProposer
+from tensorrt_llm_dflash.target import HFTargetVerifier
+from tensorrt_llm_dflash.trtllm.weight import DRAFTER_PREFIX, convert_checkpoint, pad_vocab_size
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5
+
+
+# --------------------------------------------------------------------- tiny models
+
+
+def make_target(arch: str, *, vocab: int, kv_heads: int, seed: int = 0):
+    """A tiny random fp32 HF target (same recipe as tests/tiny_models.py, float32)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = {
+        "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": kv_heads, "max_position_embeddings": 128,
+        "attn_implementation": "sdpa", "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
+        "rope_theta": 10000.0,
+    }
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, tie_word_embeddings=False, **common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    return model.float().eval()
+
+
+def make_drafter(target, *, layers: int = 2, block_size: int = 4, draft_vocab: int | None = None,
+                 seed: int = 0, **overrides) -> DFlashDraftModel:
+    c = target.config
+    fields = {
+        "hidden_size": c.hidden_size, "intermediate_size": 48, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": c.vocab_size,
+        "block_size": block_size, "mask_token_id": c.vocab_size - 1, "target_layer_ids": [0, 2, 3],
+        "num_target_layers": c.num_hidden_layers, "rope_theta": 5000.0,
+        "max_position_embeddings": c.max_position_embeddings, "draft_vocab_size": draft_vocab,
+    }
+    fields.update(overrides)
+    torch.manual_seed(1000 + seed)
+    model = DFlashDraftModel(DFlashDraftConfig(**fields))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+        if draft_vocab is not None:
+            # Draft token i -> target id i + d2t[i]: every other id, then the tail.
+            ids = torch.cat([torch.arange(0, c.vocab_size, 2), torch.arange(1, c.vocab_size, 2)])[:draft_vocab]
+            ids = ids.sort().values
+            model.d2t = ids - torch.arange(draft_vocab)
+    return model.float().eval()
+
+
+# ------------------------------------------------------------- reference (TRT names)
+
+
+def read_checkpoint(ckpt: Path) -> tuple[dict, list[dict[str, torch.Tensor]]]:
+    config = json.loads((ckpt / "config.json").read_text())
+    world = config["mapping"]["world_size"]
+    return config, [load_file(str(ckpt / f"rank{r}.safetensors")) for r in range(world)]
+
+
+def _heads(config: dict, name: str) -> tuple[int, int, int]:
+    sub = config["dflash"] if name.startswith(DRAFTER_PREFIX) else config
+    return sub["num_attention_heads"], sub["num_key_value_heads"], sub["head_size"]
+
+
+def merge_shards(config: dict, shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Undo the TP split: qkv per head group (dropping duplicated KV heads), dense/proj on
+    dim 1, fc/gate/lm_head on dim 0 (vocab padding removed), everything else replicated."""
+    tp = config["mapping"]["tp_size"]
+    assert all(set(s) == set(shards[0]) for s in shards), "every rank must hold the same names"
+    merged: dict[str, torch.Tensor] = {}
+    for name in shards[0]:
+        parts = [s[name] for s in shards]
+        if name.endswith(("attention.qkv.weight", "attention.qkv.bias")):
+            heads, kv, d = _heads(config, name)
+            q_local, kv_local = heads // tp * d, max(kv // tp, 1) * d
+            qs, ks, vs = zip(*(p.split([q_local, kv_local, kv_local], 0) for p in parts))
+            owners = range(0, tp, tp // kv) if kv < tp else range(tp)  # one rank per distinct KV head
+            for r in range(tp):  # duplicated KV heads must really be copies
+                owner = r - r % (tp // kv) if kv < tp else r
+                assert torch.equal(ks[r], ks[owner]) and torch.equal(vs[r], vs[owner])
+            merged[name] = torch.cat([torch.cat(qs), torch.cat([ks[r] for r in owners]),
+                                      torch.cat([vs[r] for r in owners])])
+        elif name.endswith(("attention.dense.weight", "mlp.proj.weight")):
+            merged[name] = torch.cat(parts, dim=1)
+        elif name.endswith(("mlp.fc.weight", "mlp.gate.weight", "lm_head.weight")):
+            rows = torch.cat(parts, dim=0)
+            if name == "lm_head.weight":
+                assert rows.shape[0] == pad_vocab_size(config["vocab_size"], tp)
+                assert not rows[config["vocab_size"]:].any(), "vocab padding rows must be zero"
+                rows = rows[: config["vocab_size"]]
+            elif name == DRAFTER_PREFIX + "lm_head.weight":
+                rows = rows[: config["dflash"]["draft_vocab_size"]]
+            merged[name] = rows
+        else:
+            for p in parts[1:]:
+                assert torch.equal(p, parts[0]), f"{name} must be replicated on every rank"
+            merged[name] = parts[0]
+    return merged
+
+
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+    """rope_gpt_neox: rotate halves. x [heads, T, d]."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    freqs = positions.double()[:, None] * inv_freq
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    half = d // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def attention_block(W: dict, p: str, sub: dict, q_in, kv_in, q_pos, kv_pos, causal: bool, eps: float,
+                    base: float, qk_norm: bool) -> torch.Tensor:
+    heads, kv, d = sub["num_attention_heads"], sub["num_key_value_heads"], sub["head_size"]
+    w = W[p + "attention.qkv.weight"]
+    b = W.get(p + "attention.qkv.bias")
+    wq, wk, wv = w.split([heads * d, kv * d, kv * d])
+    bq, bk, bv = b.split([heads * d, kv * d, kv * d]) if b is not None else (None, None, None)
+    q = F.linear(q_in, wq, bq).view(-1, heads, d).transpose(0, 1)
+    k = F.linear(kv_in, wk, bk).view(-1, kv, d).transpose(0, 1)
+    v = F.linear(kv_in, wv, bv).view(-1, kv, d).transpose(0, 1)
+    if qk_norm:
+        q = rms(q, W[p + "attention.q_layernorm.weight"], eps)
+        k = rms(k, W[p + "attention.k_layernorm.weight"], eps)
+    q, k = rope(q, q_pos, base), rope(k, kv_pos, base)
+    k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+    scores = q @ k.transpose(1, 2) / math.sqrt(d)
+    if causal:
+        scores = scores.masked_fill(kv_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+    out = (scores.softmax(-1) @ v).transpose(0, 1).reshape(q_in.shape[0], heads * d)
+    return F.linear(out, W[p + "attention.dense.weight"], W.get(p + "attention.dense.bias"))
+
+
+def gated_mlp(W: dict, p: str, x: torch.Tensor) -> torch.Tensor:
+    # tensorrt_llm/layers/mlp.py GatedMLP: proj(silu(fc(x)) * gate(x))
+    return F.linear(F.silu(F.linear(x, W[p + "mlp.fc.weight"])) * F.linear(x, W[p + "mlp.gate.weight"]),
+                    W[p + "mlp.proj.weight"])
+
+
+def reference_target(config: dict, W: dict, ids: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits [T, vocab] and each decoder layer's output (the last one after ln_f, as HF reports it)."""
+    eps, base = config["norm_epsilon"], config["rotary_base"]
+    x = W["transformer.vocab_embedding.weight"][torch.tensor(ids)]
+    pos = torch.arange(len(ids))
+    outputs = []
+    for layer in range(config["num_hidden_layers"]):
+        p = f"transformer.layers.{layer}."
+        h = rms(x, W[p + "input_layernorm.weight"], eps)
+        x = x + attention_block(W, p, config, h, h, pos, pos, True, eps, base, config["qk_layernorm"])
+        x = x + gated_mlp(W, p, rms(x, W[p + "post_layernorm.weight"], eps))
+        outputs.append(x)
+    final = rms(x, W["transformer.ln_f.weight"], eps)
+    outputs[-1] = final
+    return F.linear(final, W["lm_head.weight"]), outputs
+
+
+def reference_draft(config: dict, W: dict, features: torch.Tensor, root: int) -> torch.Tensor:
+    """DFlash block logits [block_size - 1, draft vocab] for a context of ``features`` [S, F]."""
+    sub = config["dflash"]
+    eps, base, block = sub["norm_epsilon"], sub["rotary_base"], sub["block_size"]
+    ctx = rms(F.linear(features, W[DRAFTER_PREFIX + "fc.weight"]), W[DRAFTER_PREFIX + "hidden_norm.weight"], eps)
+    s = features.shape[0]
+    ids = torch.full((block,), sub["mask_token_id"])
+    ids[0] = root
+    x = W["transformer.vocab_embedding.weight"][ids]
+    q_pos, kv_pos = torch.arange(s, s + block), torch.arange(s + block)
+    for layer in range(sub["num_hidden_layers"]):
+        p = f"{DRAFTER_PREFIX}layers.{layer}."
+        h = rms(x, W[p + "input_layernorm.weight"], eps)
+        x = x + attention_block(W, p, sub, h, torch.cat([ctx, h]), q_pos, kv_pos, False, eps, base, True)
+        x = x + gated_mlp(W, p, rms(x, W[p + "post_layernorm.weight"], eps))
+    out = rms(x, W[DRAFTER_PREFIX + "norm.weight"], eps)[1:]
+    head = W.get(DRAFTER_PREFIX + "lm_head.weight", W["lm_head.weight"])
+    return F.linear(out, head)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+CASES = [
+    # arch, vocab, kv heads, tp, draft vocab
+    ("qwen3", 64, 2, 1, None),
+    ("qwen3", 67, 2, 2, None),  # vocab padded to 68
+    ("qwen3", 67, 2, 4, None),  # fewer KV heads than ranks: duplicated
+    ("llama", 64, 2, 1, None),  # tied embeddings
+    ("llama", 63, 1, 2, 40),  # one KV head duplicated, reduced draft vocabulary
+]
+
+
+@pytest.mark.parametrize("arch,vocab,kv,tp,draft_vocab", CASES)
+def test_converted_checkpoint_reproduces_target_and_drafter(tmp_path, arch, vocab, kv, tp, draft_vocab):
+    target = make_target(arch, vocab=vocab, kv_heads=kv)
+    drafter = make_drafter(target, draft_vocab=draft_vocab)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    save_dflash_drafter(drafter, tmp_path / "drafter", dtype=torch.float32)
+
+    config = convert_checkpoint(tmp_path / "target", tmp_path / "drafter", tmp_path / "ckpt",
+                                dtype="float32", tp_size=tp, progress=False)
+    assert config["architecture"] == "DFlashForCausalLM"
+    assert config["mapping"] == {"world_size": tp, "tp_size": tp, "pp_size": 1}
+    assert config["qk_layernorm"] is (arch == "qwen3")
+    assert config["dflash"]["target_layer_ids"] == [0, 2, 3]
+    on_disk, shards = read_checkpoint(tmp_path / "ckpt")
+    assert on_disk == json.loads(json.dumps(config))
+    lm_rows = pad_vocab_size(vocab, tp) // tp
+    assert all(s["lm_head.weight"].shape == (lm_rows, 32) for s in shards)
+    assert all(s["transformer.layers.0.attention.qkv.weight"].shape[0] == (4 // tp + 2 * max(kv // tp, 1)) * 8
+               for s in shards)
+    W = merge_shards(config, shards)
+
+    prompt = [3, 17, 5, 9, 30, 2, 11]
+    with torch.no_grad():
+        ref_logits, ref_layers = reference_target(config, W, prompt)
+        hf_logits = target(torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(ref_logits, hf_logits, atol=TOL, rtol=TOL)
+
+    verifier = HFTargetVerifier(target, drafter.config.target_layer_ids)
+    last, features = verifier.prefill(prompt)
+    ref_features = torch.cat([ref_layers[i] for i in drafter.config.target_layer_ids], -1)
+    torch.testing.assert_close(ref_features, features, atol=TOL, rtol=TOL)
+    root = int(last.argmax())
+    proposer = DFlashProposer.for_target(drafter, target)
+    draft = proposer.propose(root, features)
+    with torch.no_grad():
+        ref_draft = reference_draft(config, W, ref_features, root)
+    if draft_vocab is None:
+        torch.testing.assert_close(ref_draft, draft, atol=TOL, rtol=TOL)
+    else:
+        ids = drafter.draft_token_ids()
+        torch.testing.assert_close(ref_draft, draft[:, ids], atol=TOL, rtol=TOL)
+        assert torch.equal(shards[0][DRAFTER_PREFIX + "d2t"], drafter.d2t.to(torch.int32))
+
+
+def test_gate_up_naming_follows_trtllm(tmp_path):
+    """mlp.fc is HF gate_proj (the activated branch) and mlp.gate is up_proj, as in
+    TensorRT-LLM's qwen/llama converters."""
+    target = make_target("qwen3", vocab=64, kv_heads=2)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    save_dflash_drafter(make_drafter(target), tmp_path / "drafter", dtype=torch.float32)
+    convert_checkpoint(tmp_path / "target", tmp_path / "drafter", tmp_path / "ckpt", dtype="float32",
+                       progress=False)
+    shard = load_file(str(tmp_path / "ckpt" / "rank0.safetensors"))
+    mlp = target.model.layers[1].mlp
+    assert torch.equal(shard["transformer.layers.1.mlp.fc.weight"], mlp.gate_proj.weight)
+    assert torch.equal(shard["transformer.layers.1.mlp.gate.weight"], mlp.up_proj.weight)
+    assert torch.equal(shard["transformer.layers.1.post_layernorm.weight"],
+                       target.model.layers[1].post_attention_layernorm.weight)
+
+
+def test_bfloat16_and_progress_output(tmp_path):
+    target = make_target("llama", vocab=64, kv_heads=2)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    save_dflash_drafter(make_drafter(target), tmp_path / "drafter", dtype=torch.bfloat16)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "convert_checkpoint.py"), "--model_dir", str(tmp_path / "target"),
+         "--dflash_model_dir", str(tmp_path / "drafter"), "--output_dir", str(tmp_path / "ckpt"),
+         "--dtype", "bfloat16", "--tp_size", "2"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "converting ranks" in result.stderr  # the tqdm bar
+    shards = [load_file(str(tmp_path / "ckpt" / f"rank{r}.safetensors")) for r in range(2)]
+    assert all(t.dtype == torch.bfloat16 for s in shards for t in s.values())
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+MISMATCHES = [
+    ({"hidden_size": 48, "head_dim": 12}, "hidden_size mismatch: drafter hidden_size=48, target hidden_size=32"),
+    ({"vocab_size": 80, "mask_token_id": 63}, "vocab_size mismatch: drafter vocab_size=80, target vocab_size=64"),
+    ({"target_layer_ids": [1, 4, 7]}, "target_layer_ids=[1, 4, 7] has [4, 7] outside the target's layers 0..3"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", MISMATCHES, ids=["hidden_size", "vocab", "target_layer_ids"])
+def test_mismatched_drafter_exits_nonzero(tmp_path, overrides, message):
+    target = make_target("qwen3", vocab=64, kv_heads=2)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    # A drafter built for another target: same recipe, one size changed.
+    fields = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 64, "block_size": 4, "mask_token_id": 63,
+              "target_layer_ids": [0, 2, 3], "rope_theta": 5000.0}
+    fields.update(overrides)
+    save_dflash_drafter(DFlashDraftModel(DFlashDraftConfig(**fields)), tmp_path / "drafter", dtype=torch.float32)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "convert_checkpoint.py"), "--model_dir", str(tmp_path / "target"),
+         "--dflash_model_dir", str(tmp_path / "drafter"), "--output_dir", str(tmp_path / "ckpt"), "--no_progress"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "ckpt").exists(), "nothing is written for a mismatched drafter"
+
+
+def test_uneven_tensor_parallelism_is_refused(tmp_path):
+    target = make_target("qwen3", vocab=64, kv_heads=2)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    save_dflash_drafter(make_drafter(target), tmp_path / "drafter", dtype=torch.float32)
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    with pytest.raises(DFlashConfigError, match="num_attention_heads=4 is not divisible by tp_size=3"):
+        convert_checkpoint(tmp_path / "target", tmp_path / "drafter", tmp_path / "ckpt", tp_size=3, progress=False)
+    with pytest.raises(DFlashConfigError, match="pp_size=2 is not supported"):
+        convert_checkpoint(tmp_path / "target", tmp_path / "drafter", tmp_path / "ckpt", pp_size=2, progress=False)
