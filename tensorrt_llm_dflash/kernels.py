@@ -141,7 +141,11 @@ def load_library(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
         if candidate.is_file():
             lib = ctypes.CDLL(str(candidate))
             for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(lib, name)
+                fn = getattr(lib, name, None)
+                if fn is None:  # a library built from older sources
+                    raise PluginLibraryNotFound(
+                        f"{candidate} lacks {name}: it is stale, rebuild it (cmake --build plugins/build)"
+                    )
                 fn.restype = restype
                 fn.argtypes = argtypes
             version = lib.dflash_abi_version()

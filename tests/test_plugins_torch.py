@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +108,24 @@ def test_library_reports_tail_errors_itself(cpu_library: ctypes.CDLL) -> None:
     )
     assert code == kernels.ERR_ACCEPTED_NOT_INCREASING
     assert (detail.index, detail.value) == (2, 3)
+
+
+def test_stale_library_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A library without the expected entry points is refused, and compact_tail_ still works."""
+    stale = tmp_path / "libstale.so"
+    source = tmp_path / "stale.c"
+    source.write_text("int dflash_abi_version(void) { return 1; }\n")
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    subprocess.run(["gcc", "-shared", "-fPIC", str(source), "-o", str(stale)], check=True, timeout=120)
+    with pytest.raises(kernels.PluginLibraryNotFound, match="stale"):
+        kernels.load_library(stale)
+    monkeypatch.setattr(kernels, "_library", None)
+    monkeypatch.setattr(kernels, "_library_searched", False)
+    monkeypatch.setenv(kernels.LIBRARY_ENV_VAR, str(stale))
+    monkeypatch.setattr(kernels, "REPO_BUILD_DIR", tmp_path / "nowhere")
+    assert kernels.compaction_backend() == "torch"
+    cache = torch.randn(1, 2, 8, 4)
+    expected = reference(cache, 1, [0, 3])
+    kernels.compact_tail_(cache, 1, [0, 3])
+    assert torch.equal(cache, expected)
