@@ -478,3 +478,30 @@ def test_other_bad_inputs_raise_first(qwen_target, prompt, n, match):
     with pytest.raises(DFlashInputError, match=match):
         speculative_generate(verifier, proposer, prompt, n)
     assert verifier.calls == 0 and proposer.calls == 0
+
+
+# ------------------------------------------------------------- sliding-window targets
+
+SLIDING_XFAIL = (
+    "BUG (tensorrt_llm_dflash/target.py, HFTargetVerifier.compile_tree): the tree's 4-D additive "
+    "mask is handed to every layer, so sliding_attention layers of the target lose their window "
+    "during tree verification; the chain (mask=None) is unaffected."
+)
+
+
+@pytest.mark.parametrize("budget,kind", [
+    (0, "oracle"),
+    (0, "noisy"),
+    pytest.param(8, "oracle", marks=pytest.mark.xfail(strict=True, reason=SLIDING_XFAIL)),
+    pytest.param(8, "noisy", marks=pytest.mark.xfail(strict=True, reason=SLIDING_XFAIL)),
+])
+def test_sliding_window_target_is_lossless(budget, kind):
+    """A target with sliding_attention layers (window 4 < context): output == greedy AR."""
+    model = tiny_target("qwen3", seed=0, vocab=32, sliding_window=4)
+    assert "sliding_attention" in model.config.layer_types
+    prompt = [3, 5, 7, 9, 11, 2, 4]
+    ar = reference_ar(model, prompt, 24)
+    proposer, layer_ids = build_proposer(kind, model, 6, 1, prompt + ar)
+    verifier = CheckedVerifier(model, layer_ids, check_cache=False)
+    result = speculative_generate(verifier, proposer, prompt, 24, ddtree_budget=budget)
+    assert result.output_ids == ar[:24]

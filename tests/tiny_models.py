@@ -16,7 +16,8 @@ from tensorrt_llm_dflash.drafter import DFlashDraftModel
 
 
 def tiny_target(arch: str = "qwen3", seed: int = 0, vocab: int = 64, layers: int = 4, hidden: int = 32,
-                dtype: torch.dtype = torch.float64, max_positions: int = 256, init_std: float = 0.3):
+                dtype: torch.dtype = torch.float64, max_positions: int = 256, init_std: float = 0.3,
+                sliding_window: int | None = None):
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -32,7 +33,10 @@ def tiny_target(arch: str = "qwen3", seed: int = 0, vocab: int = 64, layers: int
         "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
     }
     if arch == "qwen3":
-        config = Qwen3Config(head_dim=hidden // 4, tie_word_embeddings=False, **common)
+        sliding = {}
+        if sliding_window is not None:  # layers >= layers // 2 use a sliding window
+            sliding = {"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": layers // 2}
+        config = Qwen3Config(head_dim=hidden // 4, tie_word_embeddings=False, **sliding, **common)
         model = Qwen3ForCausalLM(config)
     elif arch == "llama":
         config = LlamaConfig(tie_word_embeddings=True, **common)
