@@ -57,6 +57,7 @@ ERR_SLOT_OUT_OF_RANGE = 14
 ERR_TOKENS_PER_BLOCK = 15
 ERR_POOL_MAPPING = 16
 ERR_BLOCK_OFFSET = 17
+ERR_CUDA = 18
 
 
 class PluginLibraryNotFound(FileNotFoundError):
@@ -251,6 +252,7 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
             f"block_offsets for sequence {seq}, block {index} = {value} points outside its pool "
             "(or that pool's pointer is null)"
         ),
+        ERR_CUDA: f"a CUDA call failed with cudaError_t {value}",
     }
     message = messages.get(code)
     if message is None:

@@ -116,3 +116,39 @@ def test_trt_plugin_classes_host_test(tmp_path: Path) -> None:
     run = subprocess.run([str(executable)], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "PASSED: 0 failure(s)" in run.stdout
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed: libdflash_plugins_cuda.so cannot be built")
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
+    """libdflash_plugins_cuda.so: builds with the CMake project, exports the C ABI,
+    refuses bad geometry without touching CUDA, and (on a machine without a GPU)
+    turns the failed launch into DFLASH_ERR_CUDA instead of crashing."""
+    import ctypes
+
+    from test_plugin_support import BUILD_DIR, build_cpu_library
+
+    from tensorrt_llm_dflash import kernels
+
+    build_cpu_library()  # configures plugins/build if needed
+    result = subprocess.run(
+        ["cmake", "--build", str(BUILD_DIR), "--target", "dflash_plugins_cuda", "-j", "4"],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    if "No rule to make target" in result.stdout + result.stderr:
+        pytest.skip("plugins/build was configured without CUDA (DFLASH_ENABLE_CUDA=OFF or no nvcc then)")
+    assert result.returncode == 0, result.stdout + result.stderr
+    library = ctypes.CDLL(str(BUILD_DIR / "libdflash_plugins_cuda.so"))
+    for name in ("dflash_tree_mask_cuda", "dflash_kv_compact_linear_cuda", "dflash_kv_compact_paged_cuda"):
+        assert hasattr(library, name), name
+    detail = kernels._ErrorDetail()
+    fn = library.dflash_tree_mask_cuda
+    fn.restype = ctypes.c_int32
+    # N = 0 is refused by the launcher before any CUDA call.
+    assert fn(None, None, 1, 0, None, None, None, None, ctypes.byref(detail)) == kernels.ERR_BAD_GEOMETRY
+    # batch = 0 launches nothing.
+    assert fn(None, None, 0, 4, None, None, None, None, ctypes.byref(detail)) == kernels.OK
+    if Path("/dev/nvidia0").exists():
+        return  # a real launch on null pointers would fault the device: stop here
+    code = fn(None, None, 1, 4, None, None, None, None, ctypes.byref(detail))
+    assert code == kernels.ERR_CUDA and detail.value != 0

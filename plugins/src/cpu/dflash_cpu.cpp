@@ -34,6 +34,7 @@ char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "tokens_per_block must be a positive power of two",
     "pool mapping refers to a pool or layer that does not exist",
     "a block offset points outside its pool, or the pool pointer is null",
+    "a CUDA call failed (the detail's value is the cudaError_t)",
 };
 
 //! Validate all sequences' accepted paths; capacity is the per-sequence slot count.

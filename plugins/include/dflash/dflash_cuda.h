@@ -1,0 +1,39 @@
+// C ABI of libdflash_plugins_cuda.so (built whenever nvcc is found, no TensorRT
+// needed): the CUDA kernels of both plugins, callable from a Python runtime with
+// ctypes on device pointers (e.g. torch tensors' data_ptr() and
+// torch.cuda.current_stream().cuda_stream), for runtimes that compact the KV cache
+// between engine steps instead of inside the engine.
+//
+// Same arguments as the CPU functions in dflash_cpu.h, except: tree / path tensors
+// and caches are device memory; `layer_caches`, `pool_pointers` and `pool_mapping`
+// are host arrays (as the plugins receive them); `stream` is a cudaStream_t (0 = the
+// legacy default stream). The launches are asynchronous and, like the kernels, do
+// not validate trees or paths (validate on the host first when the input is not
+// trusted). Returns DFLASH_OK, DFLASH_ERR_BAD_GEOMETRY for arguments the launcher
+// refuses, or DFLASH_ERR_CUDA with the cudaError_t in detail->value.
+#pragma once
+
+#include "dflash/dflash_cpu.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+DFLASH_API int32_t dflash_tree_mask_cuda(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
+    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out, void* stream,
+    DFlashErrorDetail* detail);
+
+DFLASH_API int32_t dflash_kv_compact_linear_cuda(void* const* layer_caches, int32_t num_layers, int32_t batch,
+    int32_t num_kv_heads, int32_t max_seq_len, int32_t head_bytes, int32_t const* past_lengths,
+    int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted, void* stream,
+    DFlashErrorDetail* detail);
+
+DFLASH_API int32_t dflash_kv_compact_paged_cuda(void* const* pool_pointers, int32_t num_pools,
+    int32_t const* pool_mapping, int32_t num_layers, int32_t const* block_offsets, int32_t batch,
+    int32_t max_blocks_per_seq, int32_t tokens_per_block, int32_t num_kv_heads, int32_t head_bytes,
+    int32_t const* past_lengths, int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted,
+    void* stream, DFlashErrorDetail* detail);
+
+#ifdef __cplusplus
+}
+#endif

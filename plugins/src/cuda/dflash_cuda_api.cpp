@@ -1,0 +1,56 @@
+// C ABI over the CUDA launchers (include/dflash/dflash_cuda.h). Host code only;
+// compiled by the host compiler against the CUDA runtime headers.
+
+#include "dflash/dflash_cuda.h"
+#include "dflash/cuda_kernels.h"
+
+namespace
+{
+
+int32_t statusOf(cudaError_t error, DFlashErrorDetail* detail)
+{
+    if (error == cudaSuccess)
+    {
+        return dflash::reportError(detail, DFLASH_OK, -1, -1, -1);
+    }
+    int32_t const code = error == cudaErrorInvalidValue ? DFLASH_ERR_BAD_GEOMETRY : DFLASH_ERR_CUDA;
+    return dflash::reportError(detail, code, -1, -1, static_cast<int64_t>(error));
+}
+
+} // namespace
+
+extern "C" {
+
+int32_t dflash_tree_mask_cuda(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
+    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out, void* stream,
+    DFlashErrorDetail* detail)
+{
+    return statusOf(dflash::launchTreeMask(parents, generation_lengths, batch, num_nodes, packed_mask,
+                        position_offsets, lengths_out, static_cast<cudaStream_t>(stream)),
+        detail);
+}
+
+int32_t dflash_kv_compact_linear_cuda(void* const* layer_caches, int32_t num_layers, int32_t batch,
+    int32_t num_kv_heads, int32_t max_seq_len, int32_t head_bytes, int32_t const* past_lengths,
+    int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted, void* stream,
+    DFlashErrorDetail* detail)
+{
+    return statusOf(dflash::launchKVCompactLinear(layer_caches, num_layers, batch, num_kv_heads, max_seq_len,
+                        head_bytes, past_lengths, accepted_nodes, max_accepted, num_accepted,
+                        static_cast<cudaStream_t>(stream)),
+        detail);
+}
+
+int32_t dflash_kv_compact_paged_cuda(void* const* pool_pointers, int32_t num_pools, int32_t const* pool_mapping,
+    int32_t num_layers, int32_t const* block_offsets, int32_t batch, int32_t max_blocks_per_seq,
+    int32_t tokens_per_block, int32_t num_kv_heads, int32_t head_bytes, int32_t const* past_lengths,
+    int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted, void* stream,
+    DFlashErrorDetail* detail)
+{
+    return statusOf(dflash::launchKVCompactPaged(pool_pointers, pool_mapping, num_pools, num_layers, block_offsets,
+                        batch, max_blocks_per_seq, tokens_per_block, num_kv_heads, head_bytes, past_lengths,
+                        accepted_nodes, max_accepted, num_accepted, static_cast<cudaStream_t>(stream)),
+        detail);
+}
+
+} // extern "C"
