@@ -1,0 +1,144 @@
+"""``trtllm-build`` with ``--speculative_decoding_mode dflash``.
+
+TensorRT-LLM 1.2.1's ``SpeculativeDecodingMode`` (``tensorrt_llm/models/modeling_utils.py``)
+is an ``IntFlag`` kept in sync with ``cpp/tensorrt_llm/runtime/speculativeDecodingMode.h``,
+and ``trtllm-build`` (``tensorrt_llm/commands/build.py::parse_arguments``) only accepts
+``draft_tokens_external | lookahead_decoding | medusa | explicit_draft_tokens | eagle``.
+So ``dflash`` is this project's own CLI name. This entry point:
+
+1. rewrites ``--speculative_decoding_mode dflash`` to ``medusa`` and passes every other
+   flag through unchanged;
+2. checks the checkpoint (``architecture == "DFlashForCausalLM"``, ``--max_draft_len``
+   between ``block_size - 1`` and the DDTree limit) before TensorRT-LLM is imported;
+3. exports ``--max_draft_len`` in ``$TRTLLM_DFLASH_MAX_DRAFT_LEN``, which
+   ``DFlashConfig`` reads: ``tensorrt_llm/builder.py::build`` overwrites
+   ``build_config.max_draft_len`` with ``model.config.max_draft_len`` whenever the config
+   has one (the Medusa convention), so without this the flag would be ignored. An
+   environment variable also reaches ``mpirun`` ranks and the ``spawn`` workers of
+   ``parallel_build``;
+4. loads the plugin library (``trtllm/plugins.py``) and registers
+   ``MODEL_MAP["DFlashForCausalLM"]`` (``PretrainedConfig.from_dict`` and ``build_model``
+   resolve the architecture through it), then calls
+   ``tensorrt_llm.commands.build.main()``, which reads ``sys.argv``.
+
+Why Medusa: the engine's extra output is ``medusa_logits`` (the drafter's block-1
+marginals), the tree is given explicitly per step (``spec_decoding_*`` tensors, as for
+Medusa trees; ``speculative_decoding_draft_tokens_external=False``), and
+``builder.build`` already forces ``MEDUSA`` for any config carrying ``max_draft_len``.
+With MEDUSA, ``build`` adds ``max_draft_len`` to ``max_seq_len`` and raises
+``max_num_tokens`` to ``max_batch_size * (max_draft_len + 1)``; ``prepare_inputs`` then
+declares the ``spec_decoding_*`` inputs with ``max_draft_len + 1`` tokens per sequence.
+EAGLE would bring its own in-graph sampling plugins and a different I/O contract.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import DFlashConfigError, DFlashError
+from ..tree import MAX_DDTREE_BUDGET
+
+DFLASH_MODE = "dflash"
+TRTLLM_MODE = "medusa"
+MODE_FLAG = "--speculative_decoding_mode"
+MAX_DRAFT_LEN_ENV = "TRTLLM_DFLASH_MAX_DRAFT_LEN"
+ARCHITECTURE = "DFlashForCausalLM"
+
+
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value of ``flag`` in ``argv`` (``--flag v`` or ``--flag=v``), as argparse keeps it."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def translate_argv(argv: list[str]) -> tuple[list[str], bool]:
+    """Replace the mode ``dflash`` by ``medusa``; everything else is kept as given."""
+    out: list[str] = []
+    is_dflash = False
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == MODE_FLAG and i + 1 < len(argv) and argv[i + 1] == DFLASH_MODE:
+            out += [MODE_FLAG, TRTLLM_MODE]
+            is_dflash, skip = True, True
+        elif arg == f"{MODE_FLAG}={DFLASH_MODE}":
+            out.append(f"{MODE_FLAG}={TRTLLM_MODE}")
+            is_dflash = True
+        else:
+            out.append(arg)
+    return out, is_dflash
+
+
+def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None]:
+    """Validate a DFlash build before TensorRT-LLM starts.
+
+    Returns (the checkpoint is a DFlash one, ``--max_draft_len`` or None).
+    """
+    ckpt = _flag_value(argv, "--checkpoint_dir")
+    raw_len = _flag_value(argv, "--max_draft_len")
+    max_draft_len = int(raw_len) if raw_len is not None else None
+    config = None
+    if ckpt is not None and (Path(ckpt) / "config.json").is_file():
+        config = json.loads((Path(ckpt) / "config.json").read_text())
+    if config is None or config.get("architecture") != ARCHITECTURE:
+        if is_dflash:
+            found = None if config is None else config.get("architecture")
+            raise DFlashConfigError(
+                f"--speculative_decoding_mode dflash needs a checkpoint converted by examples/convert_checkpoint.py "
+                f"(architecture {ARCHITECTURE}); --checkpoint_dir={ckpt!r} has architecture {found!r}"
+            )
+        return False, max_draft_len
+    block_size = int(config["dflash"]["block_size"])
+    if max_draft_len is not None and not block_size - 1 <= max_draft_len <= MAX_DDTREE_BUDGET:
+        raise DFlashConfigError(
+            f"--max_draft_len={max_draft_len} is out of range: the DFlash chain needs block_size - 1 = "
+            f"{block_size - 1} draft tokens and a DDTree at most {MAX_DDTREE_BUDGET} nodes; "
+            "pass the largest --ddtree_budget you will run (or block_size - 1 for the chain)"
+        )
+    return True, max_draft_len
+
+
+def register_model() -> None:
+    """``MODEL_MAP['DFlashForCausalLM'] = DFlashForCausalLM`` (tensorrt_llm/models/__init__.py)."""
+    from tensorrt_llm.models import MODEL_MAP
+
+    from .model import DFlashForCausalLM
+
+    MODEL_MAP[ARCHITECTURE] = DFlashForCausalLM
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    translated, is_dflash = translate_argv(argv)
+    try:
+        dflash_checkpoint, max_draft_len = check_checkpoint(translated, is_dflash)
+    except DFlashError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if dflash_checkpoint:
+        if max_draft_len is not None:
+            os.environ[MAX_DRAFT_LEN_ENV] = str(max_draft_len)
+        from .plugins import load_plugin_library
+
+        load_plugin_library()  # the engine's DFlashTreeMask / DFlashKVCompact layers
+    # Registered for every build: a plain checkpoint builds exactly as with trtllm-build.
+    register_model()
+    from tensorrt_llm.commands.build import main as trtllm_build_main
+
+    sys.argv = ["trtllm-build", *translated]
+    trtllm_build_main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
