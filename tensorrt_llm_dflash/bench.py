@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from .tree import validate_budget
 #: Stage columns of the report; "other" is wall time outside every timed stage.
 REPORT_STAGES = ("prefill", "draft", "tree_build", "tree_compile", "verify", "commit", "other")
 DEFAULT_PLD_TOKENS = 10
+WARMUP_TOKENS = 32  # enough to reach steady state (allocations, caches), short enough to be cheap
 HUMANEVAL = "humaneval"
 
 
@@ -252,6 +253,7 @@ class RequestRecord:
     acceptance_lengths: list[int]
     stage_seconds: dict[str, float]
     finish_reason: str = "length"
+    tree_sizes: list[int] = field(default_factory=list)  # tokens fed to the target per step (same steps)
 
     @property
     def new_tokens(self) -> int:
@@ -297,17 +299,17 @@ def run_runtime(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: 
         verifier.close()
     stats = result.stats
     return RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths),
-                         dict(stats.stage_seconds), result.finish_reason)
+                         dict(stats.stage_seconds), result.finish_reason, list(stats.tree_sizes))
 
 
 class _ForwardTimer:
     """Counts and times the target's top-level forward calls (hooks, removed on exit)."""
 
     def __init__(self, model: Any) -> None:
-        self.model, self.durations, self._start = model, [], 0.0
+        self.model, self.durations, self.input_tokens, self._start = model, [], [], 0.0
 
     def __enter__(self) -> _ForwardTimer:
-        self._handles = [self.model.register_forward_pre_hook(self._pre),
+        self._handles = [self.model.register_forward_pre_hook(self._pre, with_kwargs=True),
                          self.model.register_forward_hook(self._post)]
         return self
 
@@ -315,7 +317,9 @@ class _ForwardTimer:
         for h in self._handles:
             h.remove()
 
-    def _pre(self, *_: object) -> None:
+    def _pre(self, _module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        self.input_tokens.append(int(ids.shape[-1]) if ids is not None else 0)
         self._start = time.perf_counter()
 
     def _post(self, *_: object) -> None:
@@ -377,7 +381,7 @@ def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], s
     stages["prefill"] = forwards.durations[0]
     stages["verify"] = float(sum(forwards.durations[1:]))
     finish = "stop" if output and output[-1] in ctx.stop_token_ids else "length"
-    return RequestRecord(0, output, seconds, streamer.steps[1:], stages, finish)
+    return RequestRecord(0, output, seconds, streamer.steps[1:], stages, finish, forwards.input_tokens[1:])
 
 
 def _dflash_proposer(ctx: BenchContext) -> Any:
@@ -401,24 +405,26 @@ for _name, _kind in _BUILTIN.items():
 
 
 def run_benchmark(ctx: BenchContext, methods: Sequence[Method], prompts: Sequence[list[int]],
-                  seed: int = 0, warmup: bool = True, progress: bool = True,
-                  log: Callable[[str], None] = print) -> dict[str, list[RequestRecord]]:
+                  seed: int = 0, warmup: bool = True, progress: bool = True) -> dict[str, list[RequestRecord]]:
     """Run every method on every prompt; returns the records per method label.
 
     Prompts are the outer loop so that a change in machine load hits all methods alike.
-    With ``warmup`` every method first decodes the first prompt once, untimed. Prompt i is
-    sampled with seed ``seed + i`` by every method.
+    With ``warmup`` every method first decodes the first prompt once (at most
+    ``WARMUP_TOKENS`` tokens), untimed. Prompt i is sampled with seed ``seed + i`` by every method.
     """
     from tqdm import tqdm
 
     records: dict[str, list[RequestRecord]] = {m.label: [] for m in methods}
     total = len(methods) * (len(prompts) + int(warmup))
+    # Shares the loaded models and proposers; only the length differs.
+    warm_ctx = replace(ctx, max_new_tokens=min(ctx.max_new_tokens, WARMUP_TOKENS))
     with tqdm(total=total, desc="benchmark", unit="run", disable=not progress) as bar:
         jobs = [(-1, prompts[0])] if warmup else []
         for index, ids in [*jobs, *enumerate(prompts)]:
             for method in methods:
                 bar.set_postfix_str(f"{method.label} prompt {'warm-up' if index < 0 else index}")
-                record = METHOD_KINDS[method.kind].runner(ctx, method, list(ids), seed + max(index, 0))
+                run_ctx = warm_ctx if index < 0 else ctx
+                record = METHOD_KINDS[method.kind].runner(run_ctx, method, list(ids), seed + max(index, 0))
                 if index >= 0:
                     record.prompt_index = index
                     records[method.label].append(record)
@@ -434,6 +440,7 @@ def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
     tokens = sum(r.new_tokens for r in records)
     seconds = sum(r.seconds for r in records)
     taus = [a for r in records for a in r.acceptance_lengths]
+    sizes = [n for r in records for n in r.tree_sizes]
     stages = {s: sum(r.stage_seconds.get(s, 0.0) for r in records) for s in STAGES}
     stages["other"] = max(seconds - sum(stages.values()), 0.0)
     counts = np.bincount(taus) if taus else np.zeros(1, dtype=int)
@@ -449,6 +456,7 @@ def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "stage_seconds": stages,
         "stage_fractions": {s: (v / seconds if seconds > 0 else 0.0) for s, v in stages.items()},
         "verify_step_seconds": stages["verify"] / len(taus) if taus else math.nan,
+        "mean_tree_size": float(np.mean(sizes)) if sizes else math.nan,  # tokens per verify forward
     }
 
 
@@ -579,14 +587,15 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
         f"Speedups are over the fastest autoregressive baseline in this run: **{summary['baseline']}**. "
         "Ideal = tau x (baseline s/token / method verify s/step): the speedup if drafting and every other "
         "overhead were free. Efficiency = speedup / ideal.", "",
-        "| method | tau | tok/s | speedup | ideal | efficiency | outputs = AR | "
+        "| method | tau | tokens/verify | tok/s | speedup | ideal | efficiency | outputs = AR | "
         + " | ".join(REPORT_STAGES) + " |",
-        "|---|" + "---:|" * (6 + len(REPORT_STAGES)),
+        "|---|" + "---:|" * (7 + len(REPORT_STAGES)),
     ]
     for label, s in methods.items():
         match = {True: "yes", False: "**NO**", None: "-"}[s["outputs_match"]]
         fractions = " | ".join(_fmt(100 * s["stage_fractions"][k], ".0f", "%") for k in REPORT_STAGES)
-        lines.append(f"| {label} | {_fmt(s['tau_mean'])} | {_fmt(s['tokens_per_second'], '.1f')} | "
+        lines.append(f"| {label} | {_fmt(s['tau_mean'])} | {_fmt(s['mean_tree_size'], '.1f')} | "
+                     f"{_fmt(s['tokens_per_second'], '.1f')} | "
                      f"{_fmt(s['speedup'], '.2f', 'x')} | {_fmt(s['ideal_speedup'], '.2f', 'x')} | "
                      f"{_fmt(s['efficiency'], '.0%')} | {match} | {fractions} |")
     lines.append("")
@@ -596,7 +605,10 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
         lines.append(f"Output check: every output equals `{summary['output_reference']}` on every prompt.")
     else:
         lines += ["**Output check FAILED:**", ""] + [f"- {x}" for x in mismatch_lines(summary)]
-    lines += ["", "tau: tokens committed per target forward (bonus included), the prompt's forward excluded.", ""]
+    lines += ["", "tau: tokens committed per target forward (bonus included), the prompt's forward excluded. "
+              "tokens/verify: tokens fed to the target per such forward (tree size; for pld 1 + candidates). "
+              "For hf and pld, verify = the target's forward calls (timed with hooks) and other = the rest of "
+              "`generate`.", ""]
     lines += [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 

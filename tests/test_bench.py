@@ -249,6 +249,12 @@ def test_tiny_end_to_end_greedy(tiny_pair, tmp_path, monkeypatch):
             assert first == [1, 1], label  # only pld may commit several tokens in the prompt forward
     for label in ("ar", "hf"):
         assert summary["methods"][label]["tau_histogram"] == {1: 22}
+        assert summary["methods"][label]["mean_tree_size"] == 1.0
+    assert 1.0 < summary["methods"]["ddtree:8"]["mean_tree_size"] <= 9.0
+    assert 3.0 < summary["methods"]["dflash"]["mean_tree_size"] <= 4.0  # root + up to 3 drafted (fewer at the end)
+    pld = records["pld:3"]
+    assert all(len(r.tree_sizes) == len(r.acceptance_lengths) for r in pld)
+    assert all(1 <= a <= n <= 4 for r in pld for a, n in zip(r.acceptance_lengths, r.tree_sizes))
     assert summary["methods"]["oracle_ddtree:6"]["tau_mean"] > 2.0  # multi-token commits were checked
     for label in ("dflash", "ddtree:4", "ddtree:8"):
         s = summary["methods"][label]
