@@ -68,7 +68,8 @@ class MethodKind:
 
     ``parse_param`` turns the text after ``kind:`` (None if absent) into the method's
     parameter, raising DFlashInputError. ``build_proposer`` (speculative kinds) makes the
-    draft proposer from the loaded objects once per run.
+    draft proposer from the loaded objects once per run: a ``decode.DraftProposer`` that
+    also names the target layers it reads (``target_layer_ids``, may be empty).
     """
 
     runner: Callable[[BenchContext, Method, list[int], int], RequestRecord]
@@ -80,7 +81,9 @@ class MethodKind:
     budget_family: str | None = None
 
 
-def _no_param(kind: str) -> Callable[[str | None], None]:
+def no_param(kind: str) -> Callable[[str | None], None]:
+    """Parameter parser of a method that takes none (``ar``, ``dflash``)."""
+
     def parse(text: str | None) -> None:
         if text is not None:
             raise DFlashInputError(f"method {kind!r} takes no parameter, got {kind}:{text}")
@@ -105,19 +108,24 @@ def _int_param(kind: str, what: str, default: int | None, low: int, high: int) -
     return parse
 
 
-def _ddtree_budget(text: str | None) -> int:
-    if text is None:
-        raise DFlashInputError("method 'ddtree' needs a node budget: write ddtree:B, e.g. ddtree:16")
-    try:
-        budget = int(text)
-    except ValueError:
-        raise DFlashInputError(f"method ddtree:{text}: the budget must be an integer, got {text!r}") from None
-    if budget == 0:
-        raise DFlashInputError("method ddtree:0 is the chain: write dflash instead")
-    try:
-        return validate_budget(budget)
-    except DFlashInputError as err:
-        raise DFlashInputError(f"method ddtree:{text}: {err}") from None
+def budget_param(kind: str, chain: str) -> Callable[[str | None], int]:
+    """Parameter parser of a DDTree method: a required budget 1..MAX; ``chain`` names the budget-0 method."""
+
+    def parse(text: str | None) -> int:
+        if text is None:
+            raise DFlashInputError(f"method {kind!r} needs a node budget: write {kind}:B, e.g. {kind}:16")
+        try:
+            budget = int(text)
+        except ValueError:
+            raise DFlashInputError(f"method {kind}:{text}: the budget must be an integer, got {text!r}") from None
+        if budget == 0:
+            raise DFlashInputError(f"method {kind}:0 is the chain: write {chain} instead")
+        try:
+            return validate_budget(budget)
+        except DFlashInputError as err:
+            raise DFlashInputError(f"method {kind}:{text}: {err}") from None
+
+    return parse
 
 
 METHOD_KINDS: dict[str, MethodKind] = {}
@@ -393,13 +401,19 @@ def _dflash_proposer(ctx: BenchContext) -> Any:
 
 
 _BUILTIN = {
-    "ar": MethodKind(run_runtime, _no_param("ar"), autoregressive=True),
-    "hf": MethodKind(run_transformers, _no_param("hf"), autoregressive=True),
+    "ar": MethodKind(run_runtime, no_param("ar"), autoregressive=True),
+    "hf": MethodKind(run_transformers, no_param("hf"), autoregressive=True),
     "pld": MethodKind(run_transformers, _int_param("pld", "the number of lookup tokens", DEFAULT_PLD_TOKENS, 1, 256)),
-    "dflash": MethodKind(run_runtime, _no_param("dflash"), build_proposer=_dflash_proposer, budget_family="DFlash"),
-    "ddtree": MethodKind(run_runtime, _ddtree_budget, build_proposer=_dflash_proposer, budget=lambda m: m.param,
-                         budget_family="DFlash"),
+    "dflash": MethodKind(run_runtime, no_param("dflash"), build_proposer=_dflash_proposer, budget_family="DFlash"),
+    "ddtree": MethodKind(run_runtime, budget_param("ddtree", "dflash"), build_proposer=_dflash_proposer,
+                         budget=lambda m: m.param, budget_family="DFlash"),
 }
+# A later drafter adds its chain and tree the same way, e.g.
+#   register_method("lora_inject", MethodKind(run_runtime, no_param("lora_inject"), build_proposer=make_lora,
+#                                             budget_family="LoRA-inject"))
+#   register_method("lora_inject_ddtree", MethodKind(run_runtime, budget_param("lora_inject_ddtree", "lora_inject"),
+#                                                    build_proposer=make_lora, budget=lambda m: m.param,
+#                                                    budget_family="LoRA-inject"))
 for _name, _kind in _BUILTIN.items():
     register_method(_name, _kind)
 

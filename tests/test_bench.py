@@ -105,13 +105,18 @@ def test_duplicate_methods_are_refused():
 
 
 def test_registry_adds_a_method_in_a_few_lines(monkeypatch):
+    # The shape a later drafter (e.g. lora_inject / lora_inject_ddtree:B) takes.
+    monkeypatch.setitem(bench.METHOD_KINDS, "toy", bench.MethodKind(
+        bench.run_runtime, bench.no_param("toy"), build_proposer=lambda ctx: None, budget_family="toy"))
     monkeypatch.setitem(bench.METHOD_KINDS, "toy_ddtree", bench.MethodKind(
-        bench.run_runtime, bench.METHOD_KINDS["ddtree"].parse_param, build_proposer=lambda ctx: None,
+        bench.run_runtime, bench.budget_param("toy_ddtree", "toy"), build_proposer=lambda ctx: None,
         budget=lambda m: m.param, budget_family="toy"))
-    (method,) = bench.parse_methods(["toy_ddtree:12"])
-    assert (method.kind, method.param) == ("toy_ddtree", 12)
-    assert bench.needs_drafter([method])
-    assert "toy_ddtree" in bench.method_syntax()
+    chain, tree = bench.parse_methods(["toy", "toy_ddtree:12"])
+    assert (tree.kind, tree.param, chain.param) == ("toy_ddtree", 12, None)
+    assert bench.needs_drafter([tree])
+    assert {"toy", "toy_ddtree"} <= set(bench.method_syntax())
+    with pytest.raises(DFlashInputError, match="write toy instead"):
+        bench.parse_method("toy_ddtree:0")
 
 
 # ---------------------------------------------------------------------------- aggregation
@@ -229,7 +234,7 @@ def test_tiny_end_to_end_greedy(tiny_pair, tmp_path, monkeypatch):
     prompts = tiny_prompts(tmp_path)
     oracle = OracleByPrompt({len(p): p + hf_greedy(target, p, 16) for p in prompts}, target.config.vocab_size)
     monkeypatch.setitem(bench.METHOD_KINDS, "oracle_ddtree", bench.MethodKind(
-        bench.run_runtime, bench.METHOD_KINDS["ddtree"].parse_param, build_proposer=lambda ctx: oracle,
+        bench.run_runtime, bench.budget_param("oracle_ddtree", "none"), build_proposer=lambda ctx: oracle,
         budget=lambda m: m.param, budget_family="oracle"))
     methods = bench.parse_methods(["ar", "hf", "pld:3", "dflash", "ddtree:4", "ddtree:8", "oracle_ddtree:6"])
     ctx = bench.BenchContext(target, 12, SamplingParams(), drafter=drafter)
