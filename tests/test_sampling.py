@@ -131,12 +131,17 @@ def drafter(target):
     return tiny_drafter(target, block_size=3, seed=5)
 
 
-def exact_joint(model, params: SamplingParams) -> np.ndarray:
-    """p(t1 | prompt) * p(t2 | prompt, t1) under the processed distribution, [V, V]."""
-    _, _, logits = full_forward(model, PROMPT)
-    p1 = processed_probs(logits[-1], params)
-    rows = [processed_probs(full_forward(model, [*PROMPT, t])[2][-1], params) for t in range(VOCAB)]
-    joint = (p1[:, None] * torch.stack(rows)).numpy()
+def exact_joint(model, params: SamplingParams, length: int = 2) -> np.ndarray:
+    """Exact joint of the first ``length`` generated tokens, [V] * length, by enumeration:
+    p(t1 | prompt) * p(t2 | prompt, t1) * ... under the processed distribution."""
+    joint = np.ones(())
+    for depth in range(length):
+        rows = []
+        for prefix in np.ndindex(*([VOCAB] * depth)):
+            logits = full_forward(model, [*PROMPT, *prefix])[2][-1]
+            rows.append(processed_probs(logits, params).numpy())
+        cond = np.stack(rows).reshape([VOCAB] * depth + [VOCAB])
+        joint = joint[..., None] * cond
     assert abs(joint.sum() - 1) < 1e-12
     return joint
 
@@ -146,23 +151,25 @@ class PathRecorder(HFTargetVerifier):
         super().__init__(model, layer_ids)
         self.off_chain = 0
         self.multi = 0
+        self.deep = 0
 
     def commit(self, accepted_nodes):
         nodes = list(accepted_nodes)
         self.off_chain += nodes != list(range(len(nodes)))
         self.multi += len(nodes) > 1
+        self.deep += len(nodes) > 2
         super().commit(accepted_nodes)
 
 
 def sample_counts(target, drafter, params_fn, budget: int, runs: int, seed0: int, new_tokens: int = 3):
     verifier = PathRecorder(target, drafter.config.target_layer_ids)
     proposer = DFlashProposer.for_target(drafter, target)
-    counts = np.zeros((VOCAB, VOCAB), dtype=np.int64)
+    counts = np.zeros([VOCAB] * new_tokens, dtype=np.int64)
     for r in range(runs):
         out = speculative_generate(verifier, proposer, PROMPT, new_tokens, sampling=params_fn(seed0 + r),
                                    ddtree_budget=budget).output_ids
         assert len(out) == new_tokens
-        counts[out[0], out[1]] += 1
+        counts[tuple(out)] += 1
     return counts, verifier
 
 
@@ -180,8 +187,10 @@ def test_sampling_preserves_target_distribution(target, drafter, name, budget, t
     def params(seed):
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
 
-    joint = exact_joint(target, params(0))
-    counts, verifier = sample_counts(target, drafter, params, budget, runs, seed0=1_000_000 * (budget + 1))
+    joint3 = exact_joint(target, params(0), length=3)
+    joint = joint3.sum(-1)
+    counts3, verifier = sample_counts(target, drafter, params, budget, runs, seed0=1_000_000 * (budget + 1))
+    counts = counts3.sum(-1)
     assert counts.sum() == runs
     assert not counts[joint == 0].any(), "sampled a token pair the target's processed distribution forbids"
     if top_k or top_p < 1:
@@ -189,10 +198,16 @@ def test_sampling_preserves_target_distribution(target, drafter, name, budget, t
     stat, df = chi_square(counts, joint)
     threshold = chi2_threshold(df)
     assert stat < threshold, f"{name}: chi2={stat:.1f} >= {threshold:.1f} (df={df}, p<{P_VALUE})"
+    # The third token too (it can come from a depth-2 draft node): the full 3-token joint,
+    # with cells of small expectation pooled.
+    stat3, df3 = chi_square(counts3, joint3)
+    assert not counts3[joint3 == 0].any()
+    assert stat3 < chi2_threshold(df3), f"{name}: 3-token chi2={stat3:.1f} (df={df3})"
     # The speculative paths were exercised: drafts were accepted, and for trees off the first-child chain.
     assert verifier.multi > runs // 20, verifier.multi
     if budget:
-        assert verifier.off_chain > 0
+        assert verifier.off_chain > runs // 10, verifier.off_chain  # branches off the top-1 chain
+        assert verifier.deep > runs // 100, verifier.deep  # depth-2 draft nodes were accepted too
 
     # The test can fail: the same counts against the drafter-proposed distribution
     # (target's t1, drafter's marginal for t2) are rejected overwhelmingly.
@@ -226,7 +241,7 @@ def test_broken_walk_is_detected(target, drafter, monkeypatch):
 
     joint = exact_joint(target, params(0))
     counts, _ = sample_counts(target, drafter, params, 4, 600, seed0=77)
-    stat, df = chi_square(counts, joint)
+    stat, df = chi_square(counts.sum(-1), joint)
     assert stat > 5 * chi2_threshold(df), stat
 
 
