@@ -323,3 +323,44 @@ def test_cli_explains_how_to_get_a_drafter(tmp_path, capsys, monkeypatch):
     assert "train one with" in err and "train_dflash.py" in err
     assert benchmark.main(["--target_model_dir", str(tmp_path), "--methods", "dflash"]) == 2
     assert "--draft_model_dir is required" in capsys.readouterr().err
+
+
+def save_tiny_target_dir(target, path: Path) -> Path:
+    """A loadable target directory: weights, config and a word-level tokenizer with a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(target.config.vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w2", pad_token="w0")
+    fast.chat_template = ("{% for m in messages %}w3 {{ m['content'] }} w4 {% endfor %}"
+                          "{% if add_generation_prompt %}w5{% endif %}")
+    target.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def test_cli_end_to_end_on_tiny_model_dirs(tiny_pair, tmp_path, capsys):
+    import benchmark
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+
+    target, drafter = tiny_pair
+    target_dir = save_tiny_target_dir(target, tmp_path / "target")
+    save_dflash_drafter(drafter, tmp_path / "drafter", dtype=target.dtype)
+    data = write_lines(tmp_path, [json.dumps({"prompt": "w7 w9 w4 w7 w9 w4"}), json.dumps({"prompt": "w6 w8"}),
+                                  json.dumps({"prompt": "never used"})])
+    out = tmp_path / "out"
+    argv = ["--dataset", str(data), "--num_prompts", "2", "--max_output_len", "8", "--dtype", "float64",
+            "--target_model_dir", str(target_dir), "--draft_model_dir", str(tmp_path / "drafter"),
+            "--methods", "ar", "hf", "pld", "dflash", "ddtree:4", "--no_progress", "--output_dir", str(out)]
+    assert benchmark.main(argv) == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["all_outputs_match"] is True and doc["output_reference"] == "ar"
+    assert doc["config"]["chat_template"] is True
+    assert doc["config"]["prompt_tokens"] == [9, 5]  # "w3 <prompt> w4 w5": the template was applied
+    assert doc["command"] == "python examples/benchmark.py " + " ".join(argv)
+    assert list(doc["methods"]) == ["ar", "hf", "pld", "dflash", "ddtree:4"]
+    assert all(m["new_tokens"] == 16 for m in doc["methods"].values())
+    assert "| ddtree:4 |" in capsys.readouterr().out
