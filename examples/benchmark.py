@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = bench.summarize(records, methods, sampling.greedy)
         run_info = {
             "command": command,
+            "git_commit": bench.git_commit(),
             "machine": bench.machine_info(args.threads),
             "config": {**vars(args), "num_prompts": len(prompt_ids), "chat_template": not args.no_chat_template,
                        "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct", "drafter": draft_dir,

@@ -554,6 +554,22 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
             "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
+def git_commit() -> str | None:
+    """The checkout's commit (with ``+dirty`` if tracked files changed), or None outside git."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 # ---------------------------------------------------------------------------- outputs
 
 
@@ -591,7 +607,7 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
     methods = summary["methods"]
     lines = [
         "# Benchmark results", "",
-        f"Command: `{run_info.get('command', '?')}`", "",
+        f"Command: `{run_info.get('command', '?')}` (commit {run_info.get('git_commit')})", "",
         f"Machine: {machine.get('cpu_count')} cores ({machine.get('processor')}), torch {machine.get('torch')}, "
         f"transformers {machine.get('transformers')}, {machine.get('torch_threads')} torch threads, "
         f"{machine.get('date_utc')} UTC.", "",
