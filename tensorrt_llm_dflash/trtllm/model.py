@@ -305,7 +305,7 @@ class DFlashForCausalLM(PretrainedModel):
                     committed = plugins.kv_compact_linear(
                         dflash["dflash_prev_accepted_nodes"], dflash["dflash_prev_num_accepted"],
                         dflash["dflash_prev_past_lengths"], dflash["dflash_kv_cache_layer_pointers"],
-                        max_seq_len=self.config.max_position_embeddings, **common)
+                        max_seq_len=self._kv_max_seq_len, **common)  # the KV buffers' max_seq dimension
                 attention = kwargs["attention_params"]
                 # sequence_length = committed + tokens of this pass: the same value the host
                 # passes, now ordered after the compaction.
@@ -427,6 +427,8 @@ class DFlashForCausalLM(PretrainedModel):
                 kwargs["speculative_decoding_draft_tokens_external"] = False
                 kwargs["max_draft_len"] = self.max_draft_len
                 kwargs["spec_decoding_is_generation_length_variable"] = True
+                # builder.build calls prepare_inputs before forward; the linear KV layout needs it.
+                self._kv_max_seq_len = int(kwargs["max_seq_len"])
                 inputs = super().prepare_inputs(*args, **kwargs)
                 inputs.update(self._dflash_inputs(kwargs))
                 return inputs

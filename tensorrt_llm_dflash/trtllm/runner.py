@@ -1,0 +1,337 @@
+"""Python runtime for DFlash engines: the shared decode loop (decode.py) drives the engine.
+
+``DFlashEngineTarget`` implements ``decode.TargetVerifier`` and ``EngineProposer``
+``decode.DraftProposer``; ``decode.speculative_generate`` runs unchanged, so tree build,
+walk, acceptance and stats are the same code as the PyTorch runtime. Only the model
+execution is the engine:
+
+* ``prefill`` runs the context pass; ``verify`` one generation pass over the tree. Each
+  pass also drafts the next block in-graph (model.py) from the in-graph greedy walk, so
+  ``EngineProposer.propose`` returns the cached ``medusa_logits``. It checks that the
+  host's walk (decode.py) took the same path and bonus; when it did not (T > 0 samples,
+  or an exact argmax tie) the cached block is still a valid proposal -- verification
+  keeps the output exact -- it only drafted from another prefix, and the runner counts
+  it (``mismatched_drafts``).
+* ``commit`` records the host's path. The next pass compacts the target KV cache with
+  it in-graph (DFlashKVCompact, inputs ``dflash_prev_*``), and the accepted tokens' drafter
+  context K/V (``dflash_token_context_kv``) are appended to the context buffer here.
+
+Why not ``GenerationSession``: ``tensorrt_llm/runtime/generation.py`` refuses an engine
+whose I/O names differ from the set it expects (DFlash adds inputs and outputs), and its
+own decode loop (dynamic decoder, Medusa acceptance) is exactly what decode.py replaces.
+The engine is driven with ``tensorrt_llm.runtime.Session`` (``runtime/session.py``):
+``Session.from_serialized_engine``, ``session.context.set_input_shape`` and
+``session.run(inputs, outputs, stream)``. The KV cache is the continuous layout
+(``trtllm-build --kv_cache_type continuous``): one ``[batch, 2, kv_heads, max_seq_len,
+head_size]`` buffer per layer, owned here and bound as both ``past_key_value_{i}`` and
+``present_key_value_{i}`` (in place, as the gpt attention plugin expects).
+
+Batch size 1 (as decode.py). Tensor parallelism: launch with ``mpirun -n N``; every
+rank runs the same deterministic loop on identical logits (the lm_head gathers its
+output), rank r uses GPU ``r % gpus_per_node``.
+
+Everything TensorRT-LLM is imported inside functions: importing this module needs
+neither tensorrt nor tensorrt_llm.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import DFlashConfigError, DFlashInputError
+from ..tree import DraftTree, batched_tree_inputs
+
+#: trtllm-build flags the runtime needs (docs/trtllm_engine.md).
+REQUIRED_BUILD = "--kv_cache_type continuous --remove_input_padding enable --gpt_attention_plugin auto"
+
+
+def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
+    """``ENGINE/config.json`` as written by ``tensorrt_llm/builder.py::Engine.save``:
+    ``{"version", "pretrained_config", "build_config"}``."""
+    path = Path(engine_dir) / "config.json"
+    if not path.is_file():
+        raise DFlashConfigError(f"engine directory {str(engine_dir)!r} has no config.json")
+    config = json.loads(path.read_text())
+    arch = config.get("pretrained_config", {}).get("architecture")
+    if arch != "DFlashForCausalLM":
+        raise DFlashConfigError(
+            f"engine {str(engine_dir)!r} has architecture {arch!r}; build a DFlash engine with "
+            "examples/convert_checkpoint.py + trtllm-build --speculative_decoding_mode dflash"
+        )
+    return config
+
+
+class DFlashEngineTarget:
+    """One DFlash engine (one TP rank) as a ``TargetVerifier``."""
+
+    def __init__(self, engine_dir: str | Path, rank: int = 0) -> None:
+        import tensorrt as trt
+        import tensorrt_llm  # noqa: F401  (its import loads the TensorRT-LLM plugin library)
+        from tensorrt_llm.runtime import Session
+
+        from .plugins import load_plugin_library
+
+        load_plugin_library()  # DFlashTreeMask / DFlashKVCompact creators, before deserialising
+        self._trt = trt
+        config = read_engine_config(engine_dir)
+        self.pretrained, self.build = config["pretrained_config"], config["build_config"]
+        mapping = self.pretrained["mapping"]
+        gpus = int(mapping.get("gpus_per_node", 8))
+        self.device = torch.device("cuda", rank % gpus)
+        torch.cuda.set_device(self.device)
+        self.stream = torch.cuda.current_stream(self.device)
+        engine_file = Path(engine_dir) / f"rank{rank}.engine"
+        self.session = Session.from_serialized_engine(engine_file.read_bytes())
+        self.engine = self.session.engine
+        self.context = self.session.context
+
+        sub = self.pretrained["dflash"]
+        tp = int(mapping["tp_size"])
+        self.block_size = int(sub["block_size"])
+        self.max_draft_len = int(self.pretrained["max_draft_len"])
+        self.vocab_size = int(self.pretrained["vocab_size"])
+        self.max_seq_len = int(self.build["max_seq_len"])
+        self.max_positions = min(int(self.pretrained["max_position_embeddings"]), self.max_seq_len - self.max_draft_len)
+        self.num_layers = int(self.pretrained["num_hidden_layers"])
+        self.kv_heads = max(int(self.pretrained["num_key_value_heads"]) // tp, 1)
+        self.head_size = int(self.pretrained["head_size"])
+        self.draft_layers = int(sub["num_hidden_layers"])
+        self.draft_kv_heads = max(int(sub["num_key_value_heads"]) // tp, 1)
+        self.draft_head_size = int(sub["head_size"])
+        self.mismatched_drafts = 0
+        self._allocate()
+        self.reset()
+
+    # ------------------------------------------------------------------ buffers
+    def _dtype(self, name: str) -> torch.dtype:
+        from tensorrt_llm._utils import trt_dtype_to_torch
+
+        return trt_dtype_to_torch(self.engine.get_tensor_dtype(name))
+
+    def _allocate(self) -> None:
+        kv_dtype = self._dtype("past_key_value_0")
+        self.kv_cache = [
+            torch.zeros(1, 2, self.kv_heads, self.max_seq_len, self.head_size, dtype=kv_dtype, device=self.device)
+            for _ in range(self.num_layers)
+        ]
+        self.context_kv = torch.zeros(self.draft_layers, 2, 1, self.max_seq_len, self.draft_kv_heads,
+                                      self.draft_head_size, dtype=self._dtype("dflash_context_kv"), device=self.device)
+        # Host (CPU) tensor of the per-layer cache addresses for DFlashKVCompact (linear layout).
+        self.layer_pointers = torch.tensor([t.data_ptr() for t in self.kv_cache], dtype=torch.int64)
+
+    def reset(self) -> None:
+        self.past_len = 0
+        self.prompt_len = 0
+        self.context_len = 0
+        self._prev = (np.zeros(1, np.int32), 0, 0)  # (accepted nodes, count, past before that tree)
+        self._last: dict[str, torch.Tensor] = {}
+        self._last_tree: DraftTree | None = None
+        self.cached_draft: torch.Tensor | None = None
+        self.cached_bonus: int | None = None
+        self.in_graph_path: list[int] | None = None
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    # -------------------------------------------------------------------- passes
+    def _i32(self, values: Any, host: bool = False) -> torch.Tensor:
+        t = torch.as_tensor(np.asarray(values, dtype=np.int32))
+        return t if host else t.to(self.device)
+
+    def _standard_inputs(self, ids: np.ndarray, positions: np.ndarray, is_context: bool,
+                         last_token_ids: np.ndarray) -> dict[str, torch.Tensor]:
+        """Inputs of TensorRT-LLM's own prepare_inputs (continuous KV, packed tokens, gpt attention plugin)."""
+        n = int(ids.shape[0])
+        seq = self.past_len + n
+        tensors = {
+            "input_ids": self._i32(ids),
+            "position_ids": self._i32(positions),
+            "last_token_ids": self._i32(last_token_ids),
+            "sequence_length": self._i32([seq]),
+            "context_lengths": self._i32([self.prompt_len]),
+            "host_context_lengths": self._i32([n if is_context else self.prompt_len], host=True),
+            "host_request_types": self._i32([0 if is_context else 1], host=True),
+            "host_past_key_value_lengths": self._i32([self.past_len], host=True),
+            "host_max_attention_window_sizes": self._i32([self.max_seq_len] * self.num_layers, host=True),
+            "host_sink_token_length": self._i32([0], host=True),
+            "cache_indirection": torch.zeros(1, 1, self.max_seq_len, dtype=torch.int32, device=self.device),
+            "host_runtime_perf_knobs": torch.full((16,), -1, dtype=torch.int64),
+            "host_context_progress": torch.zeros(1, dtype=torch.int64),
+        }
+        for i, layer in enumerate(self.kv_cache):
+            tensors[f"past_key_value_{i}"] = layer
+            tensors[f"present_key_value_{i}"] = layer  # in place
+        return tensors
+
+    def _dflash_inputs(self, tree: DraftTree | None, n: int) -> dict[str, torch.Tensor]:
+        nodes, count, prev_past = self._prev
+        path_len = self.block_size
+        prev = np.zeros((1, path_len), np.int32)
+        prev[0, : len(nodes)] = nodes
+        if tree is None:  # context pass: the prompt is accepted whole; a one-node dummy tree
+            parents, gen_len, depths = np.array([[-1]], np.int32), np.array([1], np.int32), np.zeros((1, 1), np.int32)
+            logits_index = np.zeros((1, n), np.int32)
+        else:
+            parents, gen_len = tree.parents[None].astype(np.int32), np.array([n], np.int32)
+            depths = tree.depths[None].astype(np.int32)
+            logits_index = np.arange(n, dtype=np.int32)[None]
+        packed, offsets, lengths = batched_tree_inputs(parents, gen_len)
+        return {
+            "dflash_tree_parents": self._i32(parents),
+            "dflash_node_index": self._i32(np.arange(n, dtype=np.int32)[None]),
+            "dflash_logits_index": self._i32(logits_index),
+            "dflash_num_nodes": self._i32([n]),
+            "dflash_is_context": self._i32([1 if tree is None else 0]),
+            "dflash_context_kv": self.context_kv,
+            "dflash_context_lengths": self._i32([self.context_len]),
+            "dflash_prev_accepted_nodes": self._i32(prev),
+            "dflash_prev_num_accepted": self._i32([count]),
+            "dflash_prev_past_lengths": self._i32([prev_past]),
+            "dflash_kv_cache_layer_pointers": self.layer_pointers,
+            # Declared by TensorRT-LLM's prepare_inputs for Medusa; the engine rebuilds them
+            # from dflash_tree_parents with DFlashTreeMask, these host copies follow the same contract.
+            "spec_decoding_generation_lengths": self._i32(lengths),
+            "spec_decoding_position_offsets": self._i32(depths if tree is not None else offsets),
+            "spec_decoding_packed_mask": self._i32(packed.reshape(-1, packed.shape[-1])),
+            "spec_decoding_use": self._i32([0 if tree is None else 1], host=True),
+        }
+
+    def _run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        trt = self._trt
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        in_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        missing = [n for n in in_names if n not in inputs]
+        if missing:
+            raise DFlashConfigError(
+                f"the engine has inputs this runtime does not provide: {missing}; build it with {REQUIRED_BUILD}"
+            )
+        bound = {n: inputs[n] for n in in_names}
+        for name, tensor in bound.items():
+            self.context.set_input_shape(name, tuple(tensor.shape))
+        outputs: dict[str, torch.Tensor] = {}
+        for name in names:
+            if name in bound:
+                continue
+            if name in inputs:  # present_key_value_{i}: the same buffer as past_key_value_{i}
+                outputs[name] = inputs[name]
+                continue
+            shape = tuple(self.context.get_tensor_shape(name))
+            outputs[name] = torch.empty(shape, dtype=self._dtype(name), device=self.device)
+        if not self.session.run(bound, outputs, self.stream.cuda_stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed")
+        self.stream.synchronize()
+        return outputs
+
+    def _after_pass(self, outputs: dict[str, torch.Tensor]) -> None:
+        self._last = outputs
+        # medusa_logits [B-1, batch, vocab_padded] -> [B-1, vocab]
+        self.cached_draft = outputs["medusa_logits"][:, 0, : self.vocab_size].float()
+        self.cached_bonus = int(outputs["dflash_bonus"][0])
+
+    # ------------------------------------------------------------ TargetVerifier
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.reset()
+        n = len(prompt_ids)
+        if n + self.max_draft_len + 1 > self.max_seq_len:
+            raise DFlashInputError(f"prompt length {n} does not fit the engine's max_seq_len={self.max_seq_len}")
+        self.prompt_len = n
+        inputs = self._standard_inputs(np.asarray(prompt_ids), np.arange(n), True, np.array([n]))
+        inputs.update(self._dflash_inputs(None, n))
+        outputs = self._run(inputs)
+        self.past_len = n
+        # The prompt's drafter context K/V go to the buffer right away (all of it is committed).
+        self.context_kv[:, :, 0, :n] = outputs["dflash_token_context_kv"][:, :, :n]
+        self.context_len = n
+        self._after_pass(outputs)
+        self.in_graph_path = None
+        return outputs["logits"][0, : self.vocab_size].float(), None
+
+    def compile_tree(self, tree: DraftTree) -> DraftTree:
+        if tree.num_nodes > self.max_draft_len + 1:
+            raise DFlashInputError(
+                f"a tree of {tree.num_nodes} nodes exceeds the engine's max_draft_len + 1 = {self.max_draft_len + 1}; "
+                "rebuild with a larger --max_draft_len or lower --ddtree_budget"
+            )
+        return tree
+
+    @torch.inference_mode()
+    def verify(self, compiled: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tree = compiled
+        n = tree.num_nodes
+        inputs = self._standard_inputs(tree.tokens, self.past_len + tree.depths, False, np.arange(1, n + 1))
+        inputs.update(self._dflash_inputs(tree, n))
+        outputs = self._run(inputs)
+        # The KV compaction of the previous path ran at the start of this pass.
+        self._prev = (np.zeros(1, np.int32), 0, self.past_len)
+        self._last_tree = tree
+        self._after_pass(outputs)
+        return outputs["logits"][:n, : self.vocab_size].float(), None
+
+    @torch.inference_mode()
+    def commit(self, accepted_nodes: list[int]) -> None:
+        kept = len(accepted_nodes)
+        index = torch.as_tensor(accepted_nodes, device=self.device)
+        rows = self._last["dflash_token_context_kv"].index_select(2, index)  # [Ld, 2, kept, kv, d]
+        self.context_kv[:, :, 0, self.context_len : self.context_len + kept] = rows
+        self.context_len += kept
+        # Target KV: compacted in-graph by the next pass (dflash_prev_*), from this host path.
+        self._prev = (np.asarray(accepted_nodes, np.int32), kept, self.past_len)
+        self.in_graph_path = accepted_nodes
+        num_in_graph = int(self._last["dflash_num_accepted"][0])
+        if num_in_graph != kept:
+            self.in_graph_path = None  # the in-graph walk took another path
+        self.past_len += kept
+
+
+class EngineProposer:
+    """``DraftProposer`` whose drafts come from the engine's previous pass (``medusa_logits``)."""
+
+    def __init__(self, target: DFlashEngineTarget) -> None:
+        self.target = target
+        self.block_size = target.block_size
+
+    def reset(self) -> None:
+        self.target.mismatched_drafts = 0
+
+    def propose(self, root_token: int, new_context: torch.Tensor | None) -> torch.Tensor:
+        target = self.target
+        if target.cached_draft is None:
+            raise DFlashInputError("propose() before prefill(): the engine drafts during target passes")
+        if root_token != target.cached_bonus:
+            # Drafted after the in-graph greedy bonus, not the host's token (T > 0 or a tie):
+            # still a valid proposal, verification keeps the output exact.
+            target.mismatched_drafts += 1
+        return target.cached_draft
+
+
+def build_trt_runtime(args: Any) -> tuple[DFlashEngineTarget, EngineProposer | None, Any, list[int], int]:
+    """(verifier, proposer, tokenizer, stop ids, default DDTree budget) for examples/run.py."""
+    from transformers import AutoTokenizer
+
+    if not args.engine_dir:
+        raise DFlashConfigError("--engine_dir is required with --backend trt")
+    from tensorrt_llm._utils import mpi_rank
+
+    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank())
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
+    stops: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is not None:
+        stops = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+    chain_len = target.block_size - 1
+    if args.ddtree_budget is not None and args.ddtree_budget > target.max_draft_len:
+        raise DFlashInputError(
+            f"--ddtree_budget={args.ddtree_budget} exceeds the engine's max_draft_len={target.max_draft_len}"
+        )
+    default_budget = target.max_draft_len if target.max_draft_len > chain_len else 0
+    proposer = EngineProposer(target) if args.speculative_decoding_mode == "dflash" else None
+    if proposer is None:
+        raise DFlashInputError("a DFlash engine always drafts: use --speculative_decoding_mode dflash "
+                               "(--ddtree_budget 0 for the chain)")
+    return target, proposer, tokenizer, stops, default_budget
