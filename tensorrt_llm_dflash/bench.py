@@ -520,8 +520,9 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
     summaries = {}
     for m in methods:
         kind = METHOD_KINDS[m.kind]
-        summaries[m.label] = {"kind": m.kind, "param": m.param, "budget": kind.budget(m),
-                              "budget_family": kind.budget_family, **summarize_method(records[m.label])}
+        summaries[m.label] = {"kind": m.kind, "param": m.param, "autoregressive": kind.autoregressive,
+                              "budget": kind.budget(m), "budget_family": kind.budget_family,
+                              **summarize_method(records[m.label])}
     baselines = [m.label for m in methods if METHOD_KINDS[m.kind].autoregressive]
     base = compare_methods(summaries, baselines)
     reference = next((b for b in ("ar", "hf") if b in records), None)
@@ -682,18 +683,21 @@ def write_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
         written.append(_save(fig, out / "speedup_tau_vs_budget.png"))
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    labels = list(methods)
-    longest = max([max(s["tau_histogram"], default=1) for s in methods.values()] + [1])
-    width = 0.8 / len(labels)
-    for i, label in enumerate(labels):
+    # AR baselines commit exactly one token per step: nothing to show.
+    spec = [lbl for lbl, s in methods.items() if not s["autoregressive"]] or list(methods)
+    longest = max([max(methods[lbl]["tau_histogram"], default=1) for lbl in spec] + [1])
+    width = 0.8 / len(spec)
+    for i, label in enumerate(spec):
         hist = methods[label]["tau_histogram"]
         steps = max(sum(hist.values()), 1)
-        ax.bar(np.arange(1, longest + 1) + (i - (len(labels) - 1) / 2) * width,
+        ax.bar(np.arange(1, longest + 1) + (i - (len(spec) - 1) / 2) * width,
                [hist.get(k, 0) / steps for k in range(1, longest + 1)], width, label=label)
+    ax.set_xticks(range(1, longest + 1))
     ax.set_xlabel("tokens committed per target step (tau)")
     ax.set_ylabel("share of steps")
     ax.legend(fontsize=8)
     written.append(_save(fig, out / "tau_histogram.png"))
+    labels = list(methods)
 
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.5))
     left = np.zeros(len(labels))
