@@ -29,22 +29,37 @@ def ref_rms(x, w, eps):
     return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
 
 
-def ref_rope(x, positions, theta, factor=1.0):
-    """x [S, heads, hd]; rotate pairs (i, i + hd/2) by angle pos * theta^(-2i/hd) / factor.
+def ref_inv_freq(hd, theta, scaling=None):
+    """theta^(-2i/hd), rounded to float32 as transformers computes it for every model
+    (targets included), with linear or Llama-3.1 frequency scaling."""
+    inv = 1.0 / (theta ** (torch.arange(hd // 2, dtype=torch.float32) * 2.0 / hd))
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "linear":
+        return inv.to(F64) / scaling["factor"]
+    if kind == "llama3":  # Llama 3.1 bands, in float32 like transformers
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = inv / factor
+        smooth = (old / wavelen - lo) / (hi - lo)
+        middle = (1 - smooth) * scaled + smooth * inv
+        out = torch.where(wavelen < old / hi, inv, torch.where(wavelen > old / lo, scaled, middle))
+        return out.to(F64)
+    return inv.to(F64)
 
-    The inverse frequencies are rounded to float32, as transformers computes them for
-    every model (targets included); the angles and rotation are float64.
-    """
+
+def ref_rope(x, positions, theta, scaling=None):
+    """x [S, heads, hd]; rotate pairs (i, i + hd/2) by angle pos * inv_freq[i] (float64)."""
     hd = x.shape[-1]
     half = hd // 2
-    inv = (1.0 / (theta ** (torch.arange(half, dtype=torch.float32) * 2.0 / hd))).to(F64) / factor
+    inv = ref_inv_freq(hd, theta, scaling)
     angle = positions.to(F64)[:, None] * inv[None]
     c, s = torch.cos(angle)[:, None, :], torch.sin(angle)[:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
 
-def ref_block_logits(sd, cfg: DFlashDraftConfig, feats, root, embed_w, head_w, rope_factor=1.0):
+def ref_block_logits(sd, cfg: DFlashDraftConfig, feats, root, embed_w, head_w, scaling=None):
     """Logits of block positions 1..B-1, the block [root, MASK...] right after ``feats``."""
     eps, hd = cfg.rms_norm_eps, cfg.head_dim
     nh, nkv, big_b = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.block_size
@@ -62,10 +77,10 @@ def ref_block_logits(sd, cfg: DFlashDraftConfig, feats, root, embed_w, head_w, r
 
         h = ref_rms(x, sd[p + "input_layernorm.weight"], eps)
         q = ref_rms(lin(h, "self_attn.q_proj").view(big_b, nh, hd), sd[p + "self_attn.q_norm.weight"], eps)
-        q = ref_rope(q, pos_blk, cfg.rope_theta, rope_factor)
+        q = ref_rope(q, pos_blk, cfg.rope_theta, scaling)
         kv_in = torch.cat([ctx, h], 0)  # ctx gets no input_layernorm
         k = ref_rms(lin(kv_in, "self_attn.k_proj").view(s + big_b, nkv, hd), sd[p + "self_attn.k_norm.weight"], eps)
-        k = ref_rope(k, pos_key, cfg.rope_theta, rope_factor)
+        k = ref_rope(k, pos_key, cfg.rope_theta, scaling)
         v = lin(kv_in, "self_attn.v_proj").view(s + big_b, nkv, hd)
         allowed = torch.ones(big_b, s + big_b, dtype=torch.bool)
         if cfg.layer_types[i] == "sliding_attention":
@@ -122,6 +137,11 @@ MATH_CASES = {
                             [4, 6]),
     "block2-one-context": ({"block_size": 2}, [1, 1, 1, 1]),
     "linear-rope": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "block_size": 5}, [8, 3]),
+    # Llama-3.1 drafters carry the target's llama3 rope scaling; the window puts the
+    # head_dim 32 frequencies in all three bands (kept, scaled, smoothed).
+    "llama3-rope": ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+                     "head_dim": 32, "block_size": 4, "rope_theta": 500000.0}, [40, 30]),
 }
 
 
@@ -130,7 +150,6 @@ def test_block_logits_match_plain_reference_incrementally(case):
     overrides, chunks = MATH_CASES[case]
     model, embed, head = random_drafter(list(MATH_CASES).index(case), **overrides)
     cfg = model.config
-    factor = (cfg.rope_scaling or {}).get("factor", 1.0)
     sd = {k: v.detach() for k, v in model.state_dict().items()}
     gen = torch.Generator().manual_seed(7)
     feats_all = torch.randn(sum(chunks), cfg.num_context_features, generator=gen, dtype=F64)
@@ -141,7 +160,7 @@ def test_block_logits_match_plain_reference_incrementally(case):
         got = proposer.propose(root, feats_all[seen: seen + n])
         seen += n
         expected = ref_block_logits(sd, cfg, feats_all[:seen], root, embed.weight.detach(), head.weight.detach(),
-                                    factor)
+                                    cfg.rope_scaling)
         assert got.shape == (cfg.block_size - 1, cfg.vocab_size)
         torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
         # Incremental context cache == recomputing everything from scratch.
@@ -175,7 +194,8 @@ def test_reference_is_sensitive():
     base = ref_block_logits(sd, cfg, feats, 4, embed.weight.detach(), head.weight.detach())
     torch.testing.assert_close(got, base, atol=1e-10, rtol=0)
     # Wrong positions (block first), or an input_layernorm applied to the context, change the result.
-    shifted = ref_block_logits(sd, cfg, feats, 4, embed.weight.detach(), head.weight.detach(), rope_factor=1.5)
+    shifted = ref_block_logits(sd, cfg, feats, 4, embed.weight.detach(), head.weight.detach(),
+                               {"rope_type": "linear", "factor": 1.5})
     assert (shifted - base).abs().max() > 1e-4
     sd2 = dict(sd)
     sd2["hidden_norm.weight"] = sd["hidden_norm.weight"] * 1.1
