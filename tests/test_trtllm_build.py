@@ -1,0 +1,91 @@
+"""The ``trtllm-build`` entry point (trtllm/build.py), with stand-in tensorrt_llm modules.
+
+What runs here: the argv translation (``dflash`` -> ``medusa``, every other flag passed
+through unchanged), the checkpoint checks, ``$TRTLLM_DFLASH_MAX_DRAFT_LEN``, and that
+``tensorrt_llm.commands.build.main`` is called with the translated ``sys.argv``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+from tensorrt_llm_dflash.trtllm import build
+
+
+@pytest.fixture
+def dflash_ckpt(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "DFlashForCausalLM", "dflash": {"block_size": 8}}))
+    return tmp_path
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch):
+    """Stand-ins: tensorrt_llm.commands.build.main records sys.argv; MODEL_MAP is a dict."""
+    calls: dict = {"argv": None, "plugins": 0, "registered": 0}
+    commands_build = types.ModuleType("tensorrt_llm.commands.build")
+    commands_build.main = lambda: calls.__setitem__("argv", list(sys.argv))
+    for name, module in {
+        "tensorrt_llm": types.ModuleType("tensorrt_llm"),
+        "tensorrt_llm.commands": types.ModuleType("tensorrt_llm.commands"),
+        "tensorrt_llm.commands.build": commands_build,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr("tensorrt_llm_dflash.trtllm.plugins.load_plugin_library",
+                        lambda path=None: calls.__setitem__("plugins", calls["plugins"] + 1))
+    monkeypatch.setattr(build, "register_model", lambda: calls.__setitem__("registered", calls["registered"] + 1))
+    monkeypatch.delenv(build.MAX_DRAFT_LEN_ENV, raising=False)
+    monkeypatch.setattr(sys, "argv", ["trtllm-build"])
+    return calls
+
+
+def test_translate_argv_maps_only_the_mode():
+    argv = ["--checkpoint_dir", "c", "--speculative_decoding_mode", "dflash", "--max_draft_len", "7",
+            "--gemm_plugin", "auto", "--max_batch_size", "4"]
+    out, is_dflash = build.translate_argv(argv)
+    assert is_dflash
+    assert out == ["--checkpoint_dir", "c", "--speculative_decoding_mode", "medusa", "--max_draft_len", "7",
+                   "--gemm_plugin", "auto", "--max_batch_size", "4"]
+    assert build.translate_argv(["--speculative_decoding_mode=dflash"]) == (["--speculative_decoding_mode=medusa"], True)
+    assert build.translate_argv(["--speculative_decoding_mode", "eagle"]) == (["--speculative_decoding_mode", "eagle"],
+                                                                               False)
+
+
+def test_main_passes_everything_else_through(fake_trtllm, dflash_ckpt, monkeypatch):
+    import os
+
+    argv = ["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine", "--speculative_decoding_mode", "dflash",
+            "--max_draft_len", "31", "--max_batch_size", "1", "--kv_cache_type", "continuous"]
+    assert build.main(argv) == 0
+    assert fake_trtllm["argv"] == ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine",
+                                   "--speculative_decoding_mode", "medusa", "--max_draft_len", "31",
+                                   "--max_batch_size", "1", "--kv_cache_type", "continuous"]
+    assert os.environ[build.MAX_DRAFT_LEN_ENV] == "31"
+    assert fake_trtllm["plugins"] == 1 and fake_trtllm["registered"] == 1
+
+
+def test_plain_checkpoint_builds_as_with_trtllm_build(fake_trtllm, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
+    argv = ["--checkpoint_dir", str(tmp_path), "--max_batch_size", "2"]
+    assert build.main(argv) == 0
+    assert fake_trtllm["argv"] == ["trtllm-build", *argv]
+    assert fake_trtllm["plugins"] == 0  # no DFlash layers: the plugin library is not needed
+
+
+def test_dflash_mode_refuses_other_checkpoints(fake_trtllm, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
+    assert "architecture 'LlamaForCausalLM'" in capsys.readouterr().err
+    assert fake_trtllm["argv"] is None
+
+
+@pytest.mark.parametrize("value", ["6", "1024"])
+def test_max_draft_len_range(fake_trtllm, dflash_ckpt, capsys, value):
+    code = build.main(["--checkpoint_dir", str(dflash_ckpt), "--speculative_decoding_mode", "dflash",
+                       "--max_draft_len", value])
+    assert code == 2
+    assert f"--max_draft_len={value} is out of range" in capsys.readouterr().err
+    assert fake_trtllm["argv"] is None
