@@ -505,3 +505,37 @@ def test_sliding_window_target_is_lossless(budget, kind):
     verifier = CheckedVerifier(model, layer_ids, check_cache=False)
     result = speculative_generate(verifier, proposer, prompt, 24, ddtree_budget=budget)
     assert result.output_ids == ar[:24]
+
+
+# ----------------------------------------------------------- reduced draft vocabulary
+
+
+@pytest.mark.parametrize("budget,draft_ids", [
+    (0, [2, 5, 7, 8, 11, 3]),
+    (4, [2, 5, 7, 8, 11, 3]),
+    (12, list(range(0, 16, 2))),
+    (64, [2, 5, 8, 11]),  # more nodes than finite-probability prefixes
+])
+def test_reduced_draft_vocabulary_is_lossless(budget, draft_ids):
+    model = cached_target("llama", seed=1, vocab=16)
+    prompt = make_prompt(1, 4, 16)
+    ar = reference_ar(model, prompt, 25)
+    drafter = tiny_drafter(model, block_size=4, seed=3, draft_vocab_size=len(draft_ids))
+    drafter.d2t = torch.tensor(draft_ids) - torch.arange(len(draft_ids))  # target id = i + d2t[i]
+    proposer = DFlashProposer.for_target(drafter, model)
+    verifier = CheckedVerifier(model, drafter.config.target_layer_ids)
+    checked = CheckedProposer(proposer, verifier, prompt + ar)
+    logits = []
+    original = proposer.propose
+
+    def spy(root, ctx):
+        out = original(root, ctx)
+        logits.append(out)
+        return out
+
+    proposer.propose = spy
+    res = speculative_generate(verifier, checked, prompt, 25, ddtree_budget=budget)
+    assert res.output_ids == ar[:25]
+    outside = torch.ones(16, dtype=torch.bool)
+    outside[draft_ids] = False
+    assert all(torch.isneginf(lg[:, outside]).all() and torch.isfinite(lg[:, ~outside]).all() for lg in logits)
