@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import tensorrt as trt
 from tensorrt_llm._common import default_net
-from tensorrt_llm._utils import pad_vocab_size
+from tensorrt_llm._utils import pad_vocab_size, str_dtype_to_trt
 from tensorrt_llm.bindings import KVCacheType
 from tensorrt_llm.functional import (
     Tensor,
@@ -457,8 +457,10 @@ class DFlashForCausalLM(PretrainedModel):
                 kv_heads, d, ld = max(sub["num_key_value_heads"] // tp, 1), sub["head_size"], sub["num_hidden_layers"]
 
                 def tensor(name: str, dtype: Any, dims: list[tuple[str, Any]], location: Any = None) -> Tensor:
+                    # As EagleForCausalLM.prepare_inputs: a dynamic dim is -1 with one [min, opt, max]
+                    # per profile; a static dim is its size, repeated once per profile in dim_range.
                     shape_ = [-1 if isinstance(r, list) else r for _, r in dims]
-                    ranges_ = OrderedDict((n, r) for n, r in dims if isinstance(r, list))
+                    ranges_ = OrderedDict((n, r if isinstance(r, list) else [r] * profiles) for n, r in dims)
                     extra = {} if location is None else {"location": location}
                     return Tensor(name=name, dtype=dtype, shape=shape_, dim_range=ranges_, **extra)
 
@@ -471,7 +473,7 @@ class DFlashForCausalLM(PretrainedModel):
                                                   [("batch_size", bb), ("dflash_nodes", nodes)]),
                     "dflash_num_nodes": tensor("dflash_num_nodes", trt.int32, [("batch_size", bb)]),
                     "dflash_is_context": tensor("dflash_is_context", trt.int32, [("batch_size", bb)]),
-                    "dflash_context_kv": tensor("dflash_context_kv", self.config.dtype,
+                    "dflash_context_kv": tensor("dflash_context_kv", str_dtype_to_trt(self.config.dtype),
                                                 [("dflash_layers", ld), ("kv", 2), ("batch_size", bb),
                                                  ("dflash_context_len", seq), ("kv_heads", kv_heads),
                                                  ("head_size", d)]),
