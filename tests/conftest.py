@@ -25,13 +25,6 @@ def qwen_target():
     return cached_target("qwen3", seed=0, vocab=32)
 
 
-@pytest.fixture(scope="session")
-def llama_target():
-    from tiny_models import cached_target
-
-    return cached_target("llama", seed=0, vocab=32)
-
-
 @pytest.fixture
 def make_proposer():
     """make_proposer(kind, sequence, block_size, vocab, seed=0) -> a scripted proposer."""

@@ -36,9 +36,10 @@ ATOL = 1e-10
 class CheckedVerifier(HFTargetVerifier):
     """HFTargetVerifier that re-derives its state from scratch after every commit."""
 
-    def __init__(self, model, layer_ids=None, check_cache: bool = True) -> None:
+    def __init__(self, model, layer_ids=None, check_cache: bool = True, atol: float = ATOL) -> None:
         super().__init__(model, layer_ids)
         self.check_cache = check_cache
+        self.atol = atol
         self.committed: list[int] = []
         self.commits = 0
         self.prefills = 0
@@ -74,8 +75,8 @@ class CheckedVerifier(HFTargetVerifier):
         assert len(mine) == len(ref)
         for (k, v), (rk, rv) in zip(mine, ref, strict=True):
             assert k.shape == rk.shape and v.shape == rv.shape, (k.shape, rk.shape)
-            torch.testing.assert_close(k, rk, atol=ATOL, rtol=0)
-            torch.testing.assert_close(v, rv, atol=ATOL, rtol=0)
+            torch.testing.assert_close(k, rk, atol=self.atol, rtol=0)
+            torch.testing.assert_close(v, rv, atol=self.atol, rtol=0)
 
 
 class CheckedProposer:
@@ -108,7 +109,7 @@ class CheckedProposer:
         if v.check_cache and v.layer_ids:
             hs = v.fresh_hidden
             expected = torch.cat([hs[k + 1][0, self.received - n: self.received] for k in v.layer_ids], -1)
-            torch.testing.assert_close(new_context, expected, atol=ATOL, rtol=0)
+            torch.testing.assert_close(new_context, expected, atol=v.atol, rtol=0)
         out = self.inner.propose(root_token, new_context)
         if isinstance(self.inner, DFlashProposer):
             assert self.inner.context_len == self.received
@@ -276,11 +277,11 @@ ORACLE_CASES = [
 
 
 @pytest.mark.parametrize("arch,block,n,budget", ORACLE_CASES)
-def test_oracle_drafter_accepts_whole_blocks(arch, block, n, budget):
+def test_oracle_drafter_accepts_whole_blocks(make_proposer, arch, block, n, budget):
     model = cached_target(arch, seed=2, vocab=32)
     prompt = make_prompt(2, 4, 32)
     ar = hf_greedy(model, prompt, n + 16)
-    proposer = OracleProposer(prompt + ar, block, 32, seed=block)
+    proposer = make_proposer("oracle", prompt + ar, block, 32, seed=block)
     verifier = HFTargetVerifier(model, [2])
     res = speculative_generate(verifier, proposer, prompt, n, ddtree_budget=budget)
     assert res.output_ids == ar[:n]
@@ -294,13 +295,13 @@ TOP2_CASES = [("qwen3", 2, 15), ("llama", 3, 20), ("qwen3", 4, 25), ("llama", 6,
 
 
 @pytest.mark.parametrize("arch,block,n", TOP2_CASES)
-def test_top2_drafter_tree_beats_chain(arch, block, n):
+def test_top2_drafter_tree_beats_chain(make_proposer, arch, block, n):
     model = cached_target(arch, seed=0, vocab=24)
     prompt = make_prompt(0, 3, 24)
     ar = hf_greedy(model, prompt, n + 16)
     stream = prompt + ar
-    chain = speculative_generate(HFTargetVerifier(model, [1]), Top2Proposer(stream, block, 24), prompt, n)
-    tree = speculative_generate(HFTargetVerifier(model, [1]), Top2Proposer(stream, block, 24), prompt, n,
+    chain = speculative_generate(HFTargetVerifier(model, [1]), make_proposer("top2", stream, block, 24), prompt, n)
+    tree = speculative_generate(HFTargetVerifier(model, [1]), make_proposer("top2", stream, block, 24), prompt, n,
                                 ddtree_budget=2 * (block - 1))
     assert chain.output_ids == tree.output_ids == ar[:n]
     assert chain.stats.acceptance_lengths == [1] * (n - 1)
@@ -478,6 +479,23 @@ def test_other_bad_inputs_raise_first(qwen_target, prompt, n, match):
     with pytest.raises(DFlashInputError, match=match):
         speculative_generate(verifier, proposer, prompt, n)
     assert verifier.calls == 0 and proposer.calls == 0
+
+
+@pytest.mark.parametrize("arch,budget", [("qwen3", 10), ("llama", 10), ("llama", 0)])
+def test_eager_attention_target_is_lossless(arch, budget):
+    """The verifier's additive tree mask works with eager attention as well as sdpa.
+
+    transformers' eager attention takes its softmax in float32 even for float64 models,
+    so caches agree to float32 precision only (1e-5 here instead of 1e-10).
+    """
+    model = tiny_target(arch, seed=4, vocab=24, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    prompt = make_prompt(4, 5, 24)
+    ar = reference_ar(model, prompt, 24)
+    verifier = CheckedVerifier(model, [1, 3], atol=1e-5)
+    proposer = CheckedProposer(NoisyOracleProposer(prompt + ar, 6, 24, seed=4), verifier, prompt + ar)
+    res = speculative_generate(verifier, proposer, prompt, 24, ddtree_budget=budget)
+    assert res.output_ids == ar[:24] and max(res.stats.acceptance_lengths) > 1
 
 
 # ------------------------------------------------------------- sliding-window targets

@@ -17,7 +17,7 @@ from tensorrt_llm_dflash.drafter import DFlashDraftModel
 
 def tiny_target(arch: str = "qwen3", seed: int = 0, vocab: int = 64, layers: int = 4, hidden: int = 32,
                 dtype: torch.dtype = torch.float64, max_positions: int = 256, init_std: float = 0.3,
-                sliding_window: int | None = None):
+                sliding_window: int | None = None, attn_implementation: str = "sdpa"):
     from transformers import (
         LlamaConfig,
         LlamaForCausalLM,
@@ -29,7 +29,7 @@ def tiny_target(arch: str = "qwen3", seed: int = 0, vocab: int = 64, layers: int
     common = {
         "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 2 * hidden,
         "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": max_positions, "attn_implementation": "sdpa",
+        "max_position_embeddings": max_positions, "attn_implementation": attn_implementation,
         "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
     }
     if arch == "qwen3":
