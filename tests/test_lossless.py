@@ -171,8 +171,14 @@ def run_case(arch, seed, vocab, plen, block, n, kind, budget, check_cache):
         assert n == 1
     # Every committed token went through the target, and they are the output's prefix.
     assert verifier.committed == prompt + result.output_ids[: sum(acc)]
-    if budget:
-        assert all(size <= budget + 1 for size in result.stats.tree_sizes)
+    # Each step drafted as deep as allowed (block - 1, never past max_new_tokens) and, for
+    # DDTree, spent exactly its node budget (or the whole prefix space when smaller).
+    for i, size in enumerate(result.stats.tree_sizes):
+        depth = min(block - 1, n - 1 - sum(acc[:i]))
+        if budget == 0:
+            assert size == 1 + depth
+        else:
+            assert size == 1 + min(budget, sum(vocab**d for d in range(1, depth + 1)))
     return result
 
 
