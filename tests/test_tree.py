@@ -369,6 +369,14 @@ def test_inplace_compaction_matches_out_of_place(seed):
     work = cache.clone()
     _compact_tail_torch_(work, 7, path)
     np.testing.assert_array_equal(work[:, :, : 7 + len(path)].numpy(), expected.numpy())
+    # The in-place kernel HFTargetVerifier.commit actually uses (C library when built, else torch).
+    from tensorrt_llm_dflash import kernels
+
+    for fn in (kernels.compact_tail_, kernels.compact_tail_torch_):
+        work = cache.clone()
+        fn(work, 7, path)
+        np.testing.assert_array_equal(work[:, :, : 7 + len(path)].numpy(), expected.numpy())
+        np.testing.assert_array_equal(work[:, :, :7].numpy(), cache[:, :, :7].numpy())
 
 
 # --------------------------------------------------------------------- validation
