@@ -123,7 +123,8 @@ def draft_tree(root: int, draft_logits: torch.Tensor, budget: int, max_depth: in
     if budget == 0:
         return build_chain(root, logits.argmax(-1).cpu().numpy())
     logprobs = torch.log_softmax(logits.float(), dim=-1)
-    k = min(budget, logprobs.shape[-1])
+    # A reduced draft vocabulary leaves -inf logits; never offer those as tree nodes.
+    k = min(budget, int(torch.isfinite(logprobs[0]).sum()))
     values, tokens = torch.topk(logprobs, k, dim=-1)
     return build_ddtree(root, values.cpu().numpy(), tokens.cpu().numpy(), budget)
 

@@ -19,6 +19,7 @@ block's own K/V are never cached.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -356,8 +357,7 @@ def save_dflash_drafter(model: DFlashDraftModel, path: str | Path, dtype: torch.
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    config.dtype = str(dtype).replace("torch.", "")
+    config = dataclasses.replace(model.config, dtype=str(dtype).replace("torch.", ""))
     config.save(path)
     names = expected_tensor_shapes(config)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items() if k in names and k != "d2t"}

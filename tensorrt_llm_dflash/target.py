@@ -122,6 +122,7 @@ class HFTargetVerifier:
         self._final_norm = decoder.norm
         self._captured: dict[int, torch.Tensor] = {}
         self._hooks = [self._layers[i].register_forward_hook(self._capture_hook(i)) for i in set(self.layer_ids)]
+        self._window, self._mixed_layers = _sliding_window(model.config)
         self.cache = None
         self.past_len = 0
         self._pending: int = 0  # tokens of the last verify still in the cache
@@ -166,14 +167,24 @@ class HFTargetVerifier:
         ids = torch.from_numpy(tree.tokens).to(self.device).view(1, n)
         positions = torch.from_numpy(tree.depths.astype(np.int64) + self.past_len).to(self.device).view(1, n)
         if n == 1 or _is_chain(tree):
-            mask = None  # causal is the ancestor rule for a chain; HF builds it itself
+            mask = None  # causal is the ancestor rule for a chain; HF builds it (and any window) itself
         else:
             allowed = torch.ones(n, self.past_len + n, dtype=torch.bool)
             allowed[:, self.past_len:] = torch.from_numpy(visibility(tree.parents))
-            mask = torch.zeros(allowed.shape, dtype=self.dtype)
-            mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            mask = mask.to(self.device).view(1, 1, n, self.past_len + n)
+            mask = self._additive(allowed)
+            if self._window is not None:
+                # A 4-D mask replaces HF's own masks, so sliding-window layers need the window
+                # applied here, on positions (past + depth), exactly as AR decoding sees it.
+                key_pos = torch.cat([torch.arange(self.past_len), torch.from_numpy(tree.depths.astype(np.int64)) + self.past_len])
+                query_pos = key_pos[self.past_len:]
+                windowed = self._additive(allowed & (query_pos[:, None] - key_pos[None, :] < self._window))
+                mask = {"full_attention": mask, "sliding_attention": windowed} if self._mixed_layers else windowed
         return {"input_ids": ids, "position_ids": positions, "attention_mask": mask}
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(allowed.shape, dtype=self.dtype)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask.to(self.device).view(1, 1, *allowed.shape)
 
     @torch.inference_mode()
     def verify(self, compiled: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -206,6 +217,23 @@ class HFTargetVerifier:
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(keys, values) per layer, each [1, kv_heads, past_len, head_dim] (for tests)."""
         return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+
+def _sliding_window(config: Any) -> tuple[int | None, bool]:
+    """(window, mixed): the target's sliding window, and whether only some layers use it.
+
+    Models with ``layer_types`` (Qwen2/3, Gemma 3) take a dict of masks per layer type;
+    older sliding-window models (Mistral) window every layer.
+    """
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        if "sliding_attention" not in layer_types or not window:
+            return None, False
+        return int(window), True
+    if window and getattr(config, "use_sliding_window", True):
+        return int(window), False
+    return None, False
 
 
 def _compaction_kernel():

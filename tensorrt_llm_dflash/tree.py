@@ -261,4 +261,8 @@ def compaction_indices(accepted_nodes: list[int] | np.ndarray, past_len: int) ->
     source it still needs.
     """
     nodes = np.asarray(accepted_nodes, dtype=np.int64)
+    if nodes.ndim != 1 or nodes.size == 0 or nodes[0] != 0 or np.any(np.diff(nodes) <= 0):
+        raise DFlashInputError(
+            f"accepted_nodes={nodes.tolist()} must start at the root (0) and be strictly increasing"
+        )
     return past_len + nodes

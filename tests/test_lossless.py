@@ -506,18 +506,12 @@ def test_eager_attention_target_is_lossless(arch, budget):
 
 # ------------------------------------------------------------- sliding-window targets
 
-SLIDING_XFAIL = (
-    "BUG (tensorrt_llm_dflash/target.py, HFTargetVerifier.compile_tree): the tree's 4-D additive "
-    "mask is handed to every layer, so sliding_attention layers of the target lose their window "
-    "during tree verification; the chain (mask=None) is unaffected."
-)
-
-
 @pytest.mark.parametrize("budget,kind", [
     (0, "oracle"),
     (0, "noisy"),
-    pytest.param(8, "oracle", marks=pytest.mark.xfail(strict=True, reason=SLIDING_XFAIL)),
-    pytest.param(8, "noisy", marks=pytest.mark.xfail(strict=True, reason=SLIDING_XFAIL)),
+    (8, "oracle"),
+    (8, "noisy"),
+    (16, "noisy"),
 ])
 def test_sliding_window_target_is_lossless(budget, kind):
     """A target with sliding_attention layers (window 4 < context): output == greedy AR."""
@@ -529,6 +523,31 @@ def test_sliding_window_target_is_lossless(budget, kind):
     verifier = CheckedVerifier(model, layer_ids, check_cache=False)
     result = speculative_generate(verifier, proposer, prompt, 24, ddtree_budget=budget)
     assert result.output_ids == ar[:24]
+
+
+@pytest.mark.parametrize("budget", [0, 8])
+def test_mistral_style_sliding_window_target_is_lossless(budget):
+    """A target that windows every layer without layer_types (Mistral): one windowed mask."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(3)
+    config = MistralConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                           sliding_window=4, attn_implementation="sdpa", bos_token_id=0, eos_token_id=1,
+                           pad_token_id=1)
+    model = MistralForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    model = model.to(torch.float64).eval()
+    prompt = [3, 5, 7, 9, 11, 2, 4]
+    ar = reference_ar(model, prompt, 20)
+    proposer, layer_ids = build_proposer("noisy", model, 6, 2, prompt + ar)
+    result = speculative_generate(CheckedVerifier(model, layer_ids, check_cache=False), proposer, prompt, 20,
+                                  ddtree_budget=budget)
+    assert result.output_ids == ar[:20]
+    assert max(result.stats.acceptance_lengths) > 1
 
 
 # ----------------------------------------------------------- reduced draft vocabulary
