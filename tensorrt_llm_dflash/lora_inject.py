@@ -25,6 +25,7 @@ the layer's attention gets the context K/V through a read-only cache view.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -492,3 +493,48 @@ def build_lora_inject_proposer(
         context = "layer_inputs" if drafter.config.adapts_kv else "cache"
     proposer = LoRAInjectProposer(drafter, context)
     return build_verifier(model, proposer), proposer
+
+
+# -------------------------------------------------------------- benchmark harness
+
+
+def register_bench_methods(draft_dir: str | Path, context: str = "auto") -> None:
+    """Add ``lora_inject`` (chain) and ``lora_inject_ddtree:B`` to ``bench.METHOD_KINDS``.
+
+    The drafter is loaded once per benchmark context and shared by both methods. The runner is
+    ``bench.run_runtime``'s, except that the verifier is the one the proposer reads its context from.
+    """
+    from . import bench
+
+    loaded: dict[int, LoRAInjectProposer] = {}
+
+    def make_proposer(ctx: Any) -> LoRAInjectProposer:
+        key = id(ctx.model)
+        if key not in loaded:
+            drafter = DFlashLoRAInjectDraftModel.from_pretrained(ctx.model, draft_dir)
+            mode = ("layer_inputs" if drafter.config.adapts_kv else "cache") if context == "auto" else context
+            loaded[key] = LoRAInjectProposer(drafter, mode)
+        return loaded[key]
+
+    def run(ctx: Any, method: Any, prompt_ids: list[int], seed: int) -> Any:
+        from .decode import speculative_generate
+
+        kind = bench.METHOD_KINDS[method.kind]
+        proposer = ctx.proposer(method.kind)
+        verifier = build_verifier(ctx.model, proposer)  # fresh per request, as bench.run_runtime does
+        try:
+            t0 = time.perf_counter()
+            result = speculative_generate(verifier, proposer, prompt_ids, ctx.max_new_tokens, ctx.seeded(seed),
+                                          ctx.stop_token_ids, kind.budget(method))
+            seconds = time.perf_counter() - t0
+        finally:
+            verifier.close()
+        stats = result.stats
+        return bench.RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths),
+                                   dict(stats.stage_seconds), result.finish_reason, list(stats.tree_sizes))
+
+    bench.register_method("lora_inject", bench.MethodKind(
+        run, bench.no_param("lora_inject"), build_proposer=make_proposer, budget_family="LoRA-inject"))
+    bench.register_method("lora_inject_ddtree", bench.MethodKind(
+        run, bench.budget_param("lora_inject_ddtree", "lora_inject"), build_proposer=make_proposer,
+        budget=lambda m: m.param, budget_family="LoRA-inject"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,8 @@ from tensorrt_llm_dflash.lora_inject import (
     build_verifier,
     injection_mask,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 
 VOCAB = 64
 MASK = VOCAB - 1
@@ -364,3 +368,67 @@ def test_training_updates_only_adapters_and_learns(tmp_path):
     online2.drafter.load_state_dict(saved)
     for k, v in online2.drafter.state_dict().items():
         torch.testing.assert_close(v, saved[k], rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ harness and CLI
+
+
+def test_bench_methods_run_through_the_harness(tmp_path, monkeypatch):
+    from tensorrt_llm_dflash import bench
+    from tensorrt_llm_dflash.lora_inject import register_bench_methods
+    from tensorrt_llm_dflash.sampling import SamplingParams
+
+    model = target("llama")
+    drafter(model, 5, std=0.15).save_pretrained(tmp_path)
+    monkeypatch.setattr(bench, "METHOD_KINDS", dict(bench.METHOD_KINDS))
+    register_bench_methods(tmp_path)
+    methods = bench.parse_methods(["ar", "lora_inject", "lora_inject_ddtree:8"])
+    assert bench.needs_drafter(methods)
+    ctx = bench.BenchContext(model, 24, SamplingParams())
+    records = bench.run_benchmark(ctx, methods, [prompt(1), prompt(2)], progress=False)
+    summary = bench.summarize(records, methods, greedy=True)
+    assert summary["all_outputs_match"] is True
+    assert ctx._proposers["lora_inject"] is ctx._proposers["lora_inject_ddtree"]  # one drafter for both
+    assert all(r.acceptance_lengths for r in records["lora_inject_ddtree:8"])
+
+
+def _write_shards(path, sequences, answer_start):
+    path.mkdir(parents=True)
+    torch.save({"prompt_index": list(range(len(sequences))),
+                "input_ids": [torch.tensor(s, dtype=torch.int32) for s in sequences],
+                "answer_start": [answer_start] * len(sequences),
+                "features": [torch.zeros(len(s), 8, dtype=torch.bfloat16) for s in sequences],
+                "final_hidden": [torch.zeros(len(s), 8, dtype=torch.bfloat16) for s in sequences]},
+               path / "shard_00000.pt")
+
+
+def test_training_cli_trains_resumes_and_exports(tmp_path, capsys):
+    import train_dflash_lora_inject as cli
+    from test_bench import save_tiny_target_dir
+
+    model = tiny_target("qwen3", seed=2, vocab=VOCAB).float()
+    target_dir = save_tiny_target_dir(model, tmp_path / "target")
+    seqs = [prompt(i, 5) + [(2 * k + i) % 7 + 2 for k in range(20)] for i in range(12)]
+    _write_shards(tmp_path / "data", seqs, 5)
+
+    def argv(steps: int) -> list[str]:
+        return ["--target_model_dir", str(target_dir), "--data_dir", str(tmp_path / "data"), "--work_dir",
+                str(tmp_path / "work"), "--output_dir", str(tmp_path / "out"), "--train_minutes", "0",
+                "--max_steps", str(steps), "--block_size", "4", "--mask_token_id", str(MASK), "--lora_rank", "4",
+                "--num_anchors", "4", "--log_every", "2", "--eval_sequences", "2"]
+
+    assert cli.main(argv(4)) == 0
+    assert cli.main(argv(6)) == 0  # resumes at step 4
+    assert "resumed from" in capsys.readouterr().out
+    out = tmp_path / "out"
+    metrics = json.loads((out / "training_metrics.json").read_text())
+    assert metrics["train"]["steps"] == 6
+    assert "LoRA-inject drafter" in (out / "README.md").read_text()
+    from transformers import AutoModelForCausalLM
+
+    loaded_target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float64).eval()
+    verifier, proposer = build_lora_inject_proposer(loaded_target, out)
+    ids = prompt(30)
+    result = speculative_generate(verifier, proposer, ids, 16, ddtree_budget=6)
+    verifier.close()
+    assert result.output_ids == hf_greedy(loaded_target, ids, 16)
