@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora_alpha", type=float, default=32.0)
     ap.add_argument("--lora_targets", nargs="+", default=list(DEFAULT_LORA_TARGETS),
                     help="projections with adapters; k_proj/v_proj forbid reading the target's KV cache")
+    ap.add_argument("--draft_vocab", choices=["auto", "full"], default="auto",
+                    help="auto: draft over tokens seen in the data plus ids < 8192 (cheaper lm_head; training "
+                         "always uses the full vocabulary)")
     ap.add_argument("--batch_size", type=int, default=4)
     ap.add_argument("--num_anchors", type=int, default=16, help="blocks per sequence per step")
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -129,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     result = train(online, sequences, tcfg, args.work_dir, resume=not args.no_resume)
 
     out = Path(args.output_dir)
+    if args.draft_vocab == "auto":
+        seen = {int(t) for s in sequences for t in s.input_ids.tolist()}
+        drafter.set_draft_vocab(sorted(seen | set(range(min(8192, config.vocab_size)))))
     drafter.save_pretrained(out)
     card = {
         "command": "python examples/train_dflash_lora_inject.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -39,6 +39,8 @@ from .target import HFTargetVerifier
 
 CONFIG_NAME = "dflash_lora_inject.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: Optional reduced draft vocabulary (target ids the proposer scores): the lm_head read dominates drafting.
+DRAFT_VOCAB_FILE = "draft_vocab.safetensors"
 #: Queries, attention output and MLP: context K/V then stay identical to the target's cache.
 DEFAULT_LORA_TARGETS = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 #: Projections whose adaptation changes context K/V, which rules out reading the target's cache.
@@ -67,6 +69,8 @@ class LoRAInjectConfig:
     lora_target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
     lora_rank: int = 16
     lora_alpha: float = 32.0
+    #: Size of the reduced draft vocabulary in draft_vocab.safetensors; None scores the full vocabulary.
+    draft_vocab_size: int | None = None
     format: str = "dflash-lora-inject-v1"
 
     @classmethod
@@ -240,6 +244,18 @@ class DFlashLoRAInjectDraftModel(nn.Module):
                 p.requires_grad_(False)
         param = target.get_input_embeddings().weight
         self.dtype, self.device = param.dtype, param.device
+        self.draft_ids: torch.Tensor | None = None  # sorted target ids of the reduced draft vocabulary
+
+    def set_draft_vocab(self, token_ids: Sequence[int] | torch.Tensor | None) -> None:
+        """Restrict drafting (not training) to these target ids; None restores the full vocabulary."""
+        if token_ids is None:
+            self.draft_ids, self.config.draft_vocab_size = None, None
+            return
+        ids = torch.unique(torch.as_tensor(token_ids, dtype=torch.long).cpu())  # sorted
+        vocab = int(self.lm_head_weight.shape[0])
+        if ids.numel() == 0 or int(ids[0]) < 0 or int(ids[-1]) >= vocab:
+            raise DFlashConfigError(f"draft vocabulary ids must be non-empty and within 0..{vocab - 1}")
+        self.draft_ids, self.config.draft_vocab_size = ids.to(self.device), int(ids.numel())
 
     # -------------------------------------------------------------- structure / state
 
@@ -367,6 +383,10 @@ class DFlashLoRAInjectDraftModel(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         self.adapted.save_pretrained(str(path))
         self.config.save(path)
+        if self.draft_ids is not None:
+            from safetensors.torch import save_file
+
+            save_file({"draft_ids": self.draft_ids.cpu().contiguous()}, str(path / DRAFT_VOCAB_FILE))
 
     @classmethod
     def from_pretrained(cls, target: Any, path: str | Path) -> DFlashLoRAInjectDraftModel:
@@ -390,6 +410,16 @@ class DFlashLoRAInjectDraftModel(nn.Module):
             raise DFlashConfigError(f"adapter_config.json r={lora.r} but {CONFIG_NAME} lora_rank={config.lora_rank}")
         model = cls(target, config)
         model.load_adapter_state_dict(load_file(str(path / ADAPTER_WEIGHTS)))
+        if config.draft_vocab_size is not None:
+            file = path / DRAFT_VOCAB_FILE
+            if not file.is_file():
+                raise DFlashConfigError(f"{CONFIG_NAME} draft_vocab_size={config.draft_vocab_size} but {str(path)!r} "
+                                        f"has no {DRAFT_VOCAB_FILE}")
+            ids = load_file(str(file))["draft_ids"]
+            if ids.numel() != config.draft_vocab_size:
+                raise DFlashConfigError(f"{DRAFT_VOCAB_FILE} holds {ids.numel()} ids but {CONFIG_NAME} "
+                                        f"draft_vocab_size={config.draft_vocab_size}")
+            model.set_draft_vocab(ids)
         return model.eval()
 
 
@@ -433,6 +463,10 @@ class LoRAInjectProposer:
         self.model = model
         self.context = context
         self.block_size = model.config.block_size
+        self.vocab_size = int(model.lm_head_weight.shape[0])
+        # Scoring only the draft vocabulary reads a fraction of the lm_head (a copy of those rows).
+        ids = model.draft_ids
+        self.head_weight = model.lm_head_weight if ids is None else model.lm_head_weight.index_select(0, ids)
         self.verifier: HFTargetVerifier | None = None
         self.reset()
 
@@ -471,7 +505,12 @@ class LoRAInjectProposer:
         else:
             per_layer = list(self.layer_inputs[None].split(m.config.hidden_size, dim=-1))
             hidden = m.forward_injected(embeds, positions, per_layer, torch.arange(past, device=m.device)[None])
-        return m.draft_logits(hidden[0, 1:])
+        hidden = hidden[0, 1:].to(self.head_weight.dtype)
+        logits = hidden @ self.head_weight.T
+        if m.draft_ids is None:
+            return logits
+        full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+        return full.index_copy_(1, m.draft_ids, logits)
 
 
 def build_verifier(model: Any, proposer: LoRAInjectProposer) -> HFTargetVerifier:

@@ -423,6 +423,7 @@ def test_training_cli_trains_resumes_and_exports(tmp_path, capsys):
     out = tmp_path / "out"
     metrics = json.loads((out / "training_metrics.json").read_text())
     assert metrics["train"]["steps"] == 6
+    assert metrics["config"]["draft_vocab_size"] == VOCAB  # auto: ids < 8192 cover the tiny vocabulary
     assert "LoRA-inject drafter" in (out / "README.md").read_text()
     from transformers import AutoModelForCausalLM
 
@@ -432,3 +433,28 @@ def test_training_cli_trains_resumes_and_exports(tmp_path, capsys):
     result = speculative_generate(verifier, proposer, ids, 16, ddtree_budget=6)
     verifier.close()
     assert result.output_ids == hf_greedy(loaded_target, ids, 16)
+
+
+def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
+    model = target("qwen3")
+    d = drafter(model, 5, std=0.15)
+    full = Recording(LoRAInjectProposer(d, "cache"))
+    v = build_verifier(model, full.inner)
+    speculative_generate(v, full, prompt(8), 12)
+    v.close()
+    keep = list(range(0, VOCAB, 2))
+    d.set_draft_vocab(keep)
+    d.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "dflash_lora_inject.json").read_text())["draft_vocab_size"] == len(keep)
+    verifier, proposer = build_lora_inject_proposer(model, tmp_path)
+    rec = Recording(proposer)
+    ids = prompt(8)
+    result = speculative_generate(verifier, rec, ids, 30, ddtree_budget=8)
+    verifier.close()
+    assert result.output_ids == hf_greedy(model, ids, 30)
+    first = rec.logits[0]
+    assert torch.isinf(first[:, 1::2]).all()
+    torch.testing.assert_close(first[:, ::2], full.logits[0][:, ::2], rtol=0, atol=1e-12)
+    (tmp_path / "draft_vocab.safetensors").unlink()
+    with pytest.raises(DFlashConfigError, match="draft_vocab_size"):
+        DFlashLoRAInjectDraftModel.from_pretrained(model, tmp_path)
