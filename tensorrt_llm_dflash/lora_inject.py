@@ -577,3 +577,41 @@ def register_bench_methods(draft_dir: str | Path, context: str = "auto") -> None
     bench.register_method("lora_inject_ddtree", bench.MethodKind(
         run, bench.budget_param("lora_inject_ddtree", "lora_inject"), build_proposer=make_proposer,
         budget=lambda m: m.param, budget_family="LoRA-inject"))
+
+
+# ------------------------------------------------------------------ examples/run.py
+
+#: Shipped adapter for the embedded SmolLM2-135M-Instruct target (if this checkout has one).
+SHIPPED_DRAFTER_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-lora-inject"
+TRAIN_COMMAND = ("python examples/train_dflash_lora_inject.py --data_dir /work/runs/smollm2/data "
+                 "--work_dir /work/runs/lora_inject --output_dir /work/runs/lora_inject/drafter --train_minutes 30")
+#: DDTree budget when run.py gets none (see docs/lora_inject.md, "Measured").
+DEFAULT_DDTREE_BUDGET = 16
+
+
+def shipped_drafter_dir() -> Path | None:
+    return SHIPPED_DRAFTER_DIR if (SHIPPED_DRAFTER_DIR / CONFIG_NAME).is_file() else None
+
+
+def build_run_pytorch(args: Any) -> tuple[HFTargetVerifier, LoRAInjectProposer | None, Any, list[int], int]:
+    """``examples/run.py --draft_type lora_inject``: the same 5-tuple as run.py's ``build_pytorch``
+    (verifier, proposer or None, tokenizer, stop ids, default DDTree budget)."""
+    from .errors import DFlashError
+    from .target import load_target
+
+    dtype = getattr(torch, args.dtype)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    draft_dir = args.draft_model_dir
+    if args.speculative_decoding_mode != "none" and draft_dir is None:
+        draft_dir = shipped_drafter_dir() if args.target_model_dir is None else None
+        if draft_dir is None:
+            raise DFlashError("--draft_type lora_inject needs --draft_model_dir (a LoRA-inject adapter dir); "
+                              "train one with:\n  " + TRAIN_COMMAND)
+    model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
+    if args.speculative_decoding_mode == "none":
+        verifier, proposer = HFTargetVerifier(model, []), None
+    else:
+        verifier, proposer = build_lora_inject_proposer(model, draft_dir)
+    stops = model.generation_config.eos_token_id
+    stops = [] if stops is None else (list(stops) if isinstance(stops, (list, tuple)) else [stops])
+    return verifier, proposer, tokenizer, stops, DEFAULT_DDTREE_BUDGET

@@ -458,3 +458,25 @@ def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
     (tmp_path / "draft_vocab.safetensors").unlink()
     with pytest.raises(DFlashConfigError, match="draft_vocab_size"):
         DFlashLoRAInjectDraftModel.from_pretrained(model, tmp_path)
+
+
+def test_run_py_with_the_lora_inject_builder(tmp_path, monkeypatch):
+    """examples/run.py once its --draft_type lora_inject calls build_run_pytorch (docs/lora_inject.md)."""
+    import run
+    from test_bench import save_tiny_target_dir
+
+    from tensorrt_llm_dflash.lora_inject import build_run_pytorch
+
+    model = tiny_target("llama", seed=4, vocab=VOCAB)
+    target_dir = save_tiny_target_dir(model, tmp_path / "target")
+    drafter(model, 4, std=0.15).save_pretrained(tmp_path / "draft")
+    monkeypatch.setattr(run, "build_pytorch", build_run_pytorch)
+    for budget in ("0", "6"):
+        out = tmp_path / f"out{budget}.json"
+        argv = ["--target_model_dir", str(target_dir), "--draft_model_dir", str(tmp_path / "draft"), "--dtype",
+                "float64", "--input_text", "w7 w9 w4", "--max_output_len", "12", "--ddtree_budget", budget,
+                "--output_json", str(out)]
+        assert run.main(argv) == 0
+        doc = json.loads(out.read_text())
+        prompt_ids = [3, 7, 9, 4, 4, 5]  # the chat template: "w3 <text> w4 w5"
+        assert doc["outputs"][0]["output_ids"] == hf_greedy(model, prompt_ids, 12)
