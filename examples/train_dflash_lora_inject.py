@@ -9,7 +9,7 @@ adapter + dflash_lora_inject.json to --output_dir. docs/lora_inject.md.
 
 The SmolLM2-135M-Instruct drafter was made with (on the DFlash demo drafter's data shards):
     python examples/train_dflash_lora_inject.py --data_dir /work/runs/smollm2/data \\
-        --work_dir /work/runs/lora_inject --output_dir /work/runs/lora_inject/drafter --train_minutes 30
+        --work_dir /work/runs/lora_inject --output_dir /work/runs/lora_inject/drafter --train_minutes 25
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work_dir", required=True, help="training checkpoint (resumable)")
     ap.add_argument("--output_dir", required=True, help="where the exported adapter goes")
     ap.add_argument("--data_minutes", type=float, default=42.0, help="data stage budget if --data_dir has no shards")
-    ap.add_argument("--train_minutes", type=float, default=30.0, help="training time budget (0: use --max_steps)")
+    ap.add_argument("--train_minutes", type=float, default=25.0, help="training time budget (0: use --max_steps)")
     ap.add_argument("--max_steps", type=int, default=100_000)
     ap.add_argument("--block_size", type=int, default=8)
     ap.add_argument("--mask_token_id", type=int, default=None, help="default: as examples/train_dflash.py picks it")
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: draft over tokens seen in the data plus ids < 8192 (cheaper lm_head; training "
                          "always uses the full vocabulary)")
     ap.add_argument("--batch_size", type=int, default=4)
-    ap.add_argument("--num_anchors", type=int, default=16, help="blocks per sequence per step")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--num_anchors", type=int, default=24, help="blocks per sequence per step")
+    ap.add_argument("--lr", type=float, default=1.5e-3)
     ap.add_argument("--gamma", type=float, default=None, help="loss decay (default 4 for B<=8, 7 above)")
     ap.add_argument("--log_every", type=int, default=50)
     ap.add_argument("--eval_sequences", type=int, default=24, help="held-out sequences for the periodic eval")

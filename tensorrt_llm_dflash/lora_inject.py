@@ -584,7 +584,7 @@ def register_bench_methods(draft_dir: str | Path, context: str = "auto") -> None
 #: Shipped adapter for the embedded SmolLM2-135M-Instruct target (if this checkout has one).
 SHIPPED_DRAFTER_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-instruct-lora-inject"
 TRAIN_COMMAND = ("python examples/train_dflash_lora_inject.py --data_dir /work/runs/smollm2/data "
-                 "--work_dir /work/runs/lora_inject --output_dir /work/runs/lora_inject/drafter --train_minutes 30")
+                 "--work_dir /work/runs/lora_inject --output_dir /work/runs/lora_inject/drafter --train_minutes 25")
 #: DDTree budget when run.py gets none (see docs/lora_inject.md, "Measured").
 DEFAULT_DDTREE_BUDGET = 16
 
