@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tensorrt_llm_dflash.assets import resolve_drafter_dir  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
 
 
@@ -44,22 +45,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def resolve_drafter_dir(args: argparse.Namespace) -> str | None:
-    """The drafter to load, checked before anything heavy is loaded."""
-    from tensorrt_llm_dflash.assets import DEMO_DRAFTER_COMMAND, demo_drafter_dir
-
-    if args.draft_model_dir is not None:
-        return args.draft_model_dir
-    if args.target_model_dir is not None:
-        raise DFlashError("--draft_model_dir is required with --target_model_dir (the demo drafter only fits "
-                          "the embedded SmolLM2 target)")
-    found = demo_drafter_dir()
-    if found is None:
-        raise DFlashError("no demo drafter ships in this checkout; train one with:\n  " + DEMO_DRAFTER_COMMAND
-                          + "\nor pass --draft_model_dir, or benchmark only --methods ar hf pld")
-    return str(found)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = shlex.join(["python", "examples/benchmark.py", *(sys.argv[1:] if argv is None else argv)])
@@ -74,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         methods = bench.parse_methods(args.methods)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)
         prompts = bench.load_prompts(args.dataset, args.num_prompts)
-        draft_dir = resolve_drafter_dir(args) if bench.needs_drafter(methods) else None
+        # Checked before anything heavy is loaded.
+        draft_dir = (resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
+                                         "pass --draft_model_dir, or benchmark only --methods ar hf pld")
+                     if bench.needs_drafter(methods) else None)
         if args.threads:
             torch.set_num_threads(args.threads)
 

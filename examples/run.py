@@ -57,7 +57,7 @@ def build_pytorch(args: argparse.Namespace):
     """(verifier, proposer or None, tokenizer, stop ids, default budget)."""
     import torch
 
-    from tensorrt_llm_dflash.assets import DEMO_DDTREE_BUDGET, DEMO_DRAFTER_COMMAND, demo_drafter_dir
+    from tensorrt_llm_dflash.assets import DEMO_DDTREE_BUDGET, resolve_drafter_dir
     from tensorrt_llm_dflash.drafter import load_dflash_drafter
     from tensorrt_llm_dflash.proposer import DFlashProposer
     from tensorrt_llm_dflash.target import HFTargetVerifier, load_target, target_dims
@@ -67,15 +67,8 @@ def build_pytorch(args: argparse.Namespace):
     model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
     proposer = None
     if args.speculative_decoding_mode == "dflash":
-        draft_dir = args.draft_model_dir
-        if draft_dir is None:
-            if args.target_model_dir is not None:
-                raise DFlashError("--draft_model_dir is required with --target_model_dir (the demo drafter "
-                                  "only fits the embedded SmolLM2 target)")
-            draft_dir = demo_drafter_dir()
-            if draft_dir is None:
-                raise DFlashError("no demo drafter ships in this checkout; train one with:\n  " + DEMO_DRAFTER_COMMAND
-                                  + "\nor run with --speculative_decoding_mode none")
+        draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
+                                        "run with --speculative_decoding_mode none")
         drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=device)
         drafter.config.validate_for_target(**target_dims(model))
         proposer = DFlashProposer.for_target(drafter, model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import DFlashError
+
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 DEMO_DRAFTER_DIR = ASSETS_DIR / "smollm2-135m-instruct-dflash"
 DEMO_DRAFTER_COMMAND = (
@@ -19,3 +21,20 @@ def demo_drafter_dir() -> Path | None:
     if (DEMO_DRAFTER_DIR / "config.json").is_file() and (DEMO_DRAFTER_DIR / "model.safetensors").is_file():
         return DEMO_DRAFTER_DIR
     return None
+
+
+def resolve_drafter_dir(draft_model_dir: str | None, target_model_dir: str | None, alternative: str) -> str:
+    """The drafter to load: the given one, else the demo drafter (only for the embedded target).
+
+    ``alternative`` tells the user what else to run when no demo drafter ships.
+    """
+    if draft_model_dir is not None:
+        return draft_model_dir
+    if target_model_dir is not None:
+        raise DFlashError("--draft_model_dir is required with --target_model_dir (the demo drafter only fits "
+                          "the embedded SmolLM2 target)")
+    found = demo_drafter_dir()
+    if found is None:
+        raise DFlashError(f"no demo drafter ships in this checkout; train one with:\n  {DEMO_DRAFTER_COMMAND}\n"
+                          f"or {alternative}")
+    return str(found)
