@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--no_warmup", action="store_true", help="skip the untimed warm-up prompt")
     ap.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    ap.add_argument("--lora_inject_dir", default=None,
+                    help="LoRA-inject adapter dir: adds the methods lora_inject and lora_inject_ddtree:B")
     ap.add_argument("--output_dir", default="bench_results")
     return ap.parse_args(argv)
 
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         from tensorrt_llm_dflash.target import check_prompt_fits, load_target, max_positions
 
         # Everything cheap is checked before the models load.
+        if args.lora_inject_dir:
+            from tensorrt_llm_dflash.lora_inject import register_bench_methods
+
+            register_bench_methods(args.lora_inject_dir)
         methods = bench.parse_methods(args.methods)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)
         prompts = bench.load_prompts(args.dataset, args.num_prompts)

@@ -30,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="pytorch (transformers) or trt (a TensorRT-LLM engine; implied by --engine_dir)")
     ap.add_argument("--target_model_dir", default=None, help="HF causal-LM dir or .gguf (default: embedded SmolLM2)")
     ap.add_argument("--draft_model_dir", default=None, help="DFlash drafter dir (default: the shipped demo drafter)")
+    ap.add_argument("--draft_type", choices=["dflash", "lora_inject"], default="dflash",
+                    help="lora_inject: --draft_model_dir is a LoRA-inject adapter (docs/lora_inject.md)")
     ap.add_argument("--engine_dir", default=None, help="TensorRT-LLM engine dir (implies --backend trt)")
     ap.add_argument("--tokenizer_dir", default=None, help="tokenizer for --engine_dir")
     ap.add_argument("--use_py_session", action="store_true", help="accepted for TensorRT-LLM compatibility")
@@ -104,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             from tensorrt_llm_dflash.trtllm.runner import build_trt_runtime
 
             verifier, proposer, tokenizer, stops, default_budget = build_trt_runtime(args)
+        elif args.draft_type == "lora_inject":
+            from tensorrt_llm_dflash.lora_inject import build_run_pytorch
+
+            verifier, proposer, tokenizer, stops, default_budget = build_run_pytorch(args)
         else:
             verifier, proposer, tokenizer, stops, default_budget = build_pytorch(args)
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
