@@ -13,7 +13,7 @@ DEMO_DRAFTER_COMMAND = (
     "--work_dir runs/smollm2 --data_minutes 42 --train_minutes 40"
 )
 #: DDTree budget for the demo drafter on a CPU (see README: "Choosing a budget").
-DEMO_DDTREE_BUDGET = 16
+DEMO_DDTREE_BUDGET = 8
 
 
 def demo_drafter_dir() -> Path | None:

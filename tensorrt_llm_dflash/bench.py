@@ -385,11 +385,21 @@ def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], s
             f"{method.label}: cannot count target steps: {len(forwards.durations)} forwards, "
             f"{len(streamer.steps)} streamed steps, {sum(streamer.steps)} streamed tokens, {len(output)} output tokens"
         )
+    steps = list(streamer.steps[1:])
+    sizes = list(forwards.input_tokens[1:])
+    extra = len(output) - ctx.max_new_tokens
+    if extra > 0:
+        # transformers' assisted (prompt-lookup) decoding can accept candidates past max_new_tokens in
+        # its last step; they are not part of the requested output, so neither the output nor tau counts them.
+        output = output[: ctx.max_new_tokens]
+        steps[-1] -= extra
+        if steps[-1] <= 0:
+            steps, sizes = steps[:-1], sizes[:-1]
     stages = dict.fromkeys(STAGES, 0.0)
     stages["prefill"] = forwards.durations[0]
     stages["verify"] = float(sum(forwards.durations[1:]))
     finish = "stop" if output and output[-1] in ctx.stop_token_ids else "length"
-    return RequestRecord(0, output, seconds, streamer.steps[1:], stages, finish, forwards.input_tokens[1:])
+    return RequestRecord(0, output, seconds, steps, stages, finish, sizes)
 
 
 def _dflash_proposer(ctx: BenchContext) -> Any:
