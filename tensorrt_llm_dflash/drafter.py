@@ -137,14 +137,21 @@ class DFlashAttention(nn.Module):
             k = k.repeat_interleave(groups, dim=1)
             v = v.repeat_interleave(groups, dim=1)
         mask = attention_mask
-        if self.sliding_window is not None:
+        if self.sliding_window is not None and (mask is None or isinstance(mask, torch.Tensor)):
             # Same rule as a causal sliding window: a key is visible while it is fewer
             # than `sliding_window` positions behind the query.
             too_far = (query_positions[:, :, None] - key_positions[:, None, :]) >= self.sliding_window
             if mask is None:
                 mask = torch.zeros(too_far.shape, dtype=q.dtype, device=q.device)[:, None]
             mask = mask.masked_fill(too_far[:, None], torch.finfo(q.dtype).min)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        if mask is not None and not isinstance(mask, torch.Tensor):  # a flex-attention BlockMask (training)
+            if self.sliding_window is not None:
+                raise NotImplementedError("flex-attention training of sliding-window draft layers; use attention='dense'")
+            from torch.nn.attention.flex_attention import flex_attention
+
+            out = flex_attention(q, k, v, block_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
         b, _, s, _ = out.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
 

@@ -1,0 +1,147 @@
+"""DFlash training: the block mask, anchors, the loss going down, and train -> export -> lossless generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import hf_greedy, tiny_drafter, tiny_target
+
+from tensorrt_llm_dflash.decode import speculative_generate
+from tensorrt_llm_dflash.drafter import load_dflash_drafter, save_dflash_drafter
+from tensorrt_llm_dflash.proposer import DFlashProposer
+from tensorrt_llm_dflash.target import HFTargetVerifier
+from tensorrt_llm_dflash.training.data import Sequence, capture_hidden_states
+from tensorrt_llm_dflash.training.model import OnlineDFlashModel, sample_anchors, training_mask_bool
+from tensorrt_llm_dflash.training.trainer import TrainConfig, train
+
+
+def brute_force_mask(anchors, keep, seq_len, block):
+    b, n = anchors.shape
+    out = torch.zeros(b, n * block, seq_len + n * block, dtype=torch.bool)
+    for i in range(b):
+        for q in range(n * block):
+            qb = q // block
+            for k in range(seq_len + n * block):
+                if k < seq_len:
+                    out[i, q, k] = bool(keep[i, qb]) and k < int(anchors[i, qb])
+                else:
+                    out[i, q, k] = (k - seq_len) // block == qb
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dense_training_mask_equals_brute_force(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, s, n, block = 2, 13, 3, 4
+    loss_mask = torch.rand(b, s, generator=g) > 0.3
+    anchors, keep = sample_anchors(loss_mask, n, g)
+    assert torch.equal(training_mask_bool(anchors, keep, s, block), brute_force_mask(anchors, keep, s, block))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_anchors_only_at_valid_positions(seed):
+    g = torch.Generator().manual_seed(seed)
+    b, s = 3, 40
+    loss_mask = torch.rand(b, s, generator=g) > 0.5
+    loss_mask[0] = False  # a sequence with nothing to learn keeps no anchor
+    anchors, keep = sample_anchors(loss_mask, 8, g)
+    for i in range(b):
+        for a, k in zip(anchors[i].tolist(), keep[i].tolist()):
+            if k:
+                assert a + 1 < s and loss_mask[i, a] and loss_mask[i, a + 1]
+        kept = [a for a, k in zip(anchors[i].tolist(), keep[i].tolist()) if k]
+        assert kept == sorted(set(kept))
+        valid = int((loss_mask[i, :-1] & loss_mask[i, 1:]).sum())
+        assert len(kept) == min(8, valid)
+    assert not keep[0].any()
+
+
+def _data(target, layer_ids, count=48, prompt_len=5, answer=24):
+    seqs = []
+    for i in range(count):
+        g = torch.Generator().manual_seed(100 + i)
+        prompt = torch.randint(2, target.config.vocab_size - 1, (prompt_len,), generator=g).tolist()
+        # Sampled (not greedy) answers: greedy answers of a random tiny model fall into short
+        # cycles that make every block position equally easy; with sampling, uncertainty compounds
+        # with distance, as it does in real text.
+        torch.manual_seed(1000 + i)
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=answer, do_sample=True, temperature=0.7,
+                              top_k=0, eos_token_id=None, pad_token_id=1)
+        full = out[0].tolist()
+        feats, final = capture_hidden_states(target, [full], layer_ids, 1)[0]
+        mask = torch.zeros(len(full), dtype=torch.bool)
+        mask[prompt_len:] = True
+        seqs.append(Sequence(torch.tensor(full), mask, feats, final))
+    return seqs
+
+
+def markov_like_target():
+    """A tiny Qwen3 whose next token depends mostly on the current one (weak decoder layers, a
+    strong untied lm_head): sampled text is then a peaked Markov chain, so the first draft
+    position is predictable from the anchor and uncertainty compounds with distance, as in
+    real text."""
+    target = tiny_target("qwen3", seed=4, vocab=24, dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if ".layers." in name and p.dim() > 1:
+                p.mul_(0.1)
+        target.lm_head.weight.mul_(3.0)
+    return target
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = markov_like_target()
+    drafter = tiny_drafter(target, block_size=4, seed=4).float()
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.dim() > 1:
+                p.mul_(0.1)
+    return target, drafter, _data(target, drafter.config.target_layer_ids)
+
+
+def test_flex_attention_loss_equals_dense(setup):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    target, drafter, seqs = setup
+    batch = {"input_ids": torch.stack([s.input_ids for s in seqs[:2]]),
+             "loss_mask": torch.stack([s.loss_mask for s in seqs[:2]]),
+             "features": torch.stack([s.features for s in seqs[:2]]).float()}
+    losses = {}
+    for attention in ("dense", "flex"):
+        online = OnlineDFlashModel(drafter, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                                   num_anchors=6, gamma=4.0, attention=attention)
+        with torch.no_grad():  # flex attention has no CPU backward; the forward is what must agree
+            losses[attention] = online(**batch, generator=torch.Generator().manual_seed(0))["loss"]
+    torch.testing.assert_close(losses["flex"], losses["dense"], rtol=1e-5, atol=1e-5)
+
+
+def test_loss_falls_and_position_one_is_most_accurate_then_round_trip(setup, tmp_path):
+    target, drafter, seqs = setup
+    online = OnlineDFlashModel(drafter, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                               num_anchors=8, gamma=4.0)
+    result = train(online, seqs, TrainConfig(lr=3e-3, max_steps=300, log_every=50, save_every=10_000, batch_size=4,
+                                             eval_fraction=0.15), tmp_path / "work", resume=False)
+    history = result["history"]
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
+    acc = history[-1]["train_acc"]
+    assert acc[0] == max(acc)
+
+    # Resume continues from the checkpoint rather than starting over.
+    more = train(online, seqs, TrainConfig(lr=3e-3, max_steps=310, log_every=5, save_every=10_000, batch_size=4,
+                                           eval_fraction=0.15), tmp_path / "work", resume=True)
+    assert more["final"]["steps"] == 310
+
+    # Export in the published format, load it in the runtime, generate losslessly in float64.
+    save_dflash_drafter(online.drafter, tmp_path / "drafter", dtype=torch.float32)
+    loaded = load_dflash_drafter(tmp_path / "drafter", dtype=torch.float64)
+    target64 = target.to(torch.float64)
+    try:
+        proposer = DFlashProposer.for_target(loaded, target64)
+        prompt = seqs[0].input_ids[:5].tolist()
+        verifier = HFTargetVerifier(target64, loaded.config.target_layer_ids)
+        for budget in (0, 6):
+            out = speculative_generate(verifier, proposer, prompt, 20, ddtree_budget=budget)
+            assert out.output_ids == hf_greedy(target64, prompt, 20)
+            assert max(out.stats.acceptance_lengths) > 1  # the trained drafter gets tokens accepted
+    finally:
+        target.to(torch.float32)
