@@ -290,14 +290,22 @@ class BenchContext:
         return SamplingParams(self.sampling.temperature, self.sampling.top_p, self.sampling.top_k, seed=seed)
 
 
-def run_runtime(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
-    """This project's decode loop: AR (no proposer), the DFlash chain or DDTree."""
+def run_runtime(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int,
+                make_verifier: Callable[[Any, Any], Any] | None = None) -> RequestRecord:
+    """This project's decode loop: AR (no proposer), the DFlash chain or DDTree.
+
+    ``make_verifier(model, proposer)`` builds the target side; the default is an
+    ``HFTargetVerifier`` reading the proposer's ``target_layer_ids``.
+    """
     from .target import HFTargetVerifier
 
     kind = METHOD_KINDS[method.kind]
     proposer = ctx.proposer(method.kind) if kind.build_proposer else None
     # A fresh verifier per request: its feature hooks must not slow down the other methods.
-    verifier = HFTargetVerifier(ctx.model, list(proposer.target_layer_ids) if proposer else [])
+    if make_verifier is None:
+        verifier = HFTargetVerifier(ctx.model, list(proposer.target_layer_ids) if proposer else [])
+    else:
+        verifier = make_verifier(ctx.model, proposer)
     try:
         t0 = time.perf_counter()
         result = speculative_generate(verifier, proposer, prompt_ids, ctx.max_new_tokens, ctx.seeded(seed),

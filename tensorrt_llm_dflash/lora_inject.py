@@ -25,7 +25,6 @@ the layer's attention gets the context K/V through a read-only cache view.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -556,21 +555,8 @@ def register_bench_methods(draft_dir: str | Path, context: str = "auto") -> None
         return loaded[key]
 
     def run(ctx: Any, method: Any, prompt_ids: list[int], seed: int) -> Any:
-        from .decode import speculative_generate
-
-        kind = bench.METHOD_KINDS[method.kind]
-        proposer = ctx.proposer(method.kind)
-        verifier = build_verifier(ctx.model, proposer)  # fresh per request, as bench.run_runtime does
-        try:
-            t0 = time.perf_counter()
-            result = speculative_generate(verifier, proposer, prompt_ids, ctx.max_new_tokens, ctx.seeded(seed),
-                                          ctx.stop_token_ids, kind.budget(method))
-            seconds = time.perf_counter() - t0
-        finally:
-            verifier.close()
-        stats = result.stats
-        return bench.RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths),
-                                   dict(stats.stage_seconds), result.finish_reason, list(stats.tree_sizes))
+        # The verifier is the one the proposer reads its context K/V from.
+        return bench.run_runtime(ctx, method, prompt_ids, seed, make_verifier=build_verifier)
 
     bench.register_method("lora_inject", bench.MethodKind(
         run, bench.no_param("lora_inject"), build_proposer=make_proposer, budget_family="LoRA-inject"))
