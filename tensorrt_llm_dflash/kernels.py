@@ -121,14 +121,15 @@ _library_searched = False
 # --------------------------------------------------------------------------- loading
 
 
-def library_candidates() -> list[Path]:
-    """Where the CPU library is looked for, in order."""
+def library_candidates(env_var: str = LIBRARY_ENV_VAR, name: str = LIBRARY_NAME) -> list[Path]:
+    """Where a plugin library is looked for, in order: ``$env_var`` (a file or a directory), then the
+    repository's ``plugins/build``. The TensorRT plugin library uses the same search."""
     candidates: list[Path] = []
-    env = os.environ.get(LIBRARY_ENV_VAR)
+    env = os.environ.get(env_var)
     if env:
         path = Path(env)
-        candidates.append(path / LIBRARY_NAME if path.is_dir() else path)
-    candidates.append(REPO_BUILD_DIR / LIBRARY_NAME)
+        candidates.append(path / name if path.is_dir() else path)
+    candidates.append(REPO_BUILD_DIR / name)
     return candidates
 
 

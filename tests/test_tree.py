@@ -16,9 +16,9 @@ import torch
 
 from tensorrt_llm_dflash.decode import draft_tree
 from tensorrt_llm_dflash.errors import DFlashInputError
+from tensorrt_llm_dflash.kernels import compact_tail_torch_
 from tensorrt_llm_dflash.target import (
     HFTargetVerifier,
-    _compact_tail_torch_,
     compaction_reference,
 )
 from tensorrt_llm_dflash.tree import (
@@ -367,7 +367,7 @@ def test_inplace_compaction_matches_out_of_place(seed):
     expected = torch.cat([cache[:, :, :7], cache[:, :, 7 + torch.tensor(path)]], 2)
     np.testing.assert_array_equal(compaction_reference(cache, 7, path).numpy(), expected.numpy())
     work = cache.clone()
-    _compact_tail_torch_(work, 7, path)
+    compact_tail_torch_(work, 7, path)
     np.testing.assert_array_equal(work[:, :, : 7 + len(path)].numpy(), expected.numpy())
     # The in-place kernel HFTargetVerifier.commit actually uses (C library when built, else torch).
     from tensorrt_llm_dflash import kernels

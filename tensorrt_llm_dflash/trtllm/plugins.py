@@ -53,13 +53,9 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 def plugin_library_candidates() -> list[Path]:
     """Where :func:`load_plugin_library` looks when no path is given, in order."""
-    candidates = []
-    env = os.environ.get(PLUGIN_LIBRARY_ENV_VAR)
-    if env:
-        path = Path(env)
-        candidates.append(path / PLUGIN_LIBRARY_NAME if path.is_dir() else path)
-    candidates.append(REPO_BUILD_DIR / PLUGIN_LIBRARY_NAME)
-    return candidates
+    from ..kernels import library_candidates
+
+    return library_candidates(PLUGIN_LIBRARY_ENV_VAR, PLUGIN_LIBRARY_NAME)
 
 
 def load_plugin_library(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
