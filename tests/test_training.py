@@ -145,3 +145,29 @@ def test_loss_falls_and_position_one_is_most_accurate_then_round_trip(setup, tmp
             assert max(out.stats.acceptance_lengths) > 1  # the trained drafter gets tokens accepted
     finally:
         target.to(torch.float32)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_generation_records_the_features_of_a_full_forward(arch):
+    """Batched, left-padded greedy generation that drops finished rows gives each prompt HF's own
+    greedy answer and, at every fed position, the features a full forward pass computes."""
+    from tensorrt_llm_dflash.training.data import generate_with_hidden_states
+
+    target = tiny_target(arch, seed=1, dtype=torch.float64)
+    prompts = [torch.randint(2, target.config.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+               for n in (3, 7, 5, 11)]
+    # A stop token from the middle of one answer: that row leaves the batch early.
+    stop = generate_with_hidden_states(target, prompts[:1], [0], 12, set(), 1)[0].answer[3]
+    generated = generate_with_hidden_states(target, prompts, [0, 1], 12, {stop}, 1)
+    lengths = set()
+    for prompt, g in zip(prompts, generated):
+        ref = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=stop,
+                              pad_token_id=1)[0, len(prompt):].tolist()
+        assert g.answer == ref
+        lengths.add(len(g.answer))
+        full = prompt + g.answer
+        feats, final = capture_hidden_states(target, [full], [0, 1], 1)[0]
+        assert g.features.shape == feats.shape and g.final_hidden.shape == final.shape
+        torch.testing.assert_close(g.features[:-1], feats[:-1], rtol=0, atol=0)
+        torch.testing.assert_close(g.final_hidden[:-1], final[:-1], rtol=0, atol=0)
+    assert len(lengths) > 1, "rows must finish at different steps for this test to cover row dropping"

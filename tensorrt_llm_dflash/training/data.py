@@ -1,9 +1,9 @@
 """Self-distillation data: the target's own greedy answers plus its hidden states.
 
-Each prompt goes through the target's chat template; the target answers greedily; one
-more forward pass over prompt + answer captures the hidden states the drafter reads
-(``target_layer_ids``, HF convention) and the final normed hidden state (for optional
-logit distillation). Only the answer tokens carry loss.
+Each prompt goes through the target's chat template; the target answers greedily, and the
+same decode steps record the hidden states the drafter reads (``target_layer_ids``, HF
+convention) and the final normed hidden state (for optional logit distillation). Only the
+answer tokens carry loss.
 
 Why cache rather than regenerate: the target is frozen, so its hidden states never
 change, and on a CPU a target forward costs several times a drafter training step.
@@ -37,30 +37,86 @@ def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
 
 
+@dataclass
+class Generated:
+    answer: list[int]  # greedy answer tokens, ending at the first stop token if one came
+    features: torch.Tensor  # bf16 [len(prompt) + len(answer), K*H]
+    final_hidden: torch.Tensor  # bf16 [len(prompt) + len(answer), H]
+
+
 @torch.inference_mode()
-def greedy_answers(
-    model: Any, prompt_ids: list[list[int]], max_new_tokens: int, stop_ids: set[int], pad_id: int
-) -> list[list[int]]:
-    """Batched greedy generation with left padding; answers end at the first stop token."""
+def generate_with_hidden_states(
+    model: Any,
+    prompt_ids: list[list[int]],
+    layer_ids: list[int],
+    max_new_tokens: int,
+    stop_ids: set[int],
+    pad_id: int,
+) -> list[Generated]:
+    """Batched greedy generation that records the drafter's features on the way.
+
+    Why not ``generate`` plus a second forward pass: the decode steps already compute every
+    hidden state the drafter reads, a finished row would keep costing a full step until the
+    longest answer ends, and a full forward would also pay the lm_head on every prompt
+    position. Here prefill keeps only the last logits, finished rows leave the batch (and
+    its KV cache), and each step's hidden states are kept. The last answer token is never
+    fed, so its features are zeros: no block ever reads them (context is strictly before an
+    anchor, and an anchor needs a label after it).
+    """
+    device = model.device
     width = max(len(p) for p in prompt_ids)
     ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
+    attn = torch.zeros_like(ids)
     for row, p in enumerate(prompt_ids):
         ids[row, width - len(p):] = torch.tensor(p)
-        mask[row, width - len(p):] = 1
-    out = model.generate(
-        input_ids=ids.to(model.device), attention_mask=mask.to(model.device), do_sample=False,
-        max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=sorted(stop_ids),
-    )[:, width:].tolist()
-    answers = []
-    for row in out:
-        answer: list[int] = []
-        for token in row:
-            answer.append(token)
-            if token in stop_ids:
-                break
-        answers.append(answer)
-    return answers
+        attn[row, width - len(p):] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    positions = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=positions, use_cache=True,
+                output_hidden_states=True, logits_to_keep=1)
+    feats, finals = _layer_features(out.hidden_states, layer_ids)
+    rows_feats = [[feats[row, width - len(p):]] for row, p in enumerate(prompt_ids)]
+    rows_final = [[finals[row, width - len(p):]] for row, p in enumerate(prompt_ids)]
+    answers: list[list[int]] = [[] for _ in prompt_ids]
+    cache = out.past_key_values
+    active = torch.arange(len(prompt_ids), device=device)  # batch row -> prompt index
+    next_tokens = out.logits[:, -1].argmax(-1)
+    next_pos = positions[:, -1] + 1
+    for step in range(max_new_tokens):
+        done = []
+        for index, token in zip(active.tolist(), next_tokens.tolist()):
+            answers[index].append(token)
+            done.append(token in stop_ids or step == max_new_tokens - 1)
+        keep = torch.tensor([not d for d in done], device=device)
+        if not keep.any():
+            break
+        if not keep.all():
+            rows = keep.nonzero().squeeze(1)
+            cache.batch_select_indices(rows)
+            active, next_tokens, next_pos, attn = active[rows], next_tokens[rows], next_pos[rows], attn[rows]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        out = model(input_ids=next_tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                    past_key_values=cache, use_cache=True, output_hidden_states=True)
+        feats, finals = _layer_features(out.hidden_states, layer_ids)
+        for row, index in enumerate(active.tolist()):
+            rows_feats[index].append(feats[row])
+            rows_final[index].append(finals[row])
+        cache = out.past_key_values
+        next_tokens = out.logits[:, -1].argmax(-1)
+        next_pos = next_pos + 1
+    results = []
+    for index, answer in enumerate(answers):
+        f = torch.cat(rows_feats[index])
+        h = torch.cat(rows_final[index])
+        # The last answer token was never fed: pad its (never read) features with zeros.
+        results.append(Generated(answer, torch.cat([f, f.new_zeros(1, f.shape[1])]),
+                                 torch.cat([h, h.new_zeros(1, h.shape[1])])))
+    return results
+
+
+def _layer_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    feats = torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1).to(torch.bfloat16).cpu()
+    return feats, hidden_states[-1].to(torch.bfloat16).cpu()
 
 
 @torch.inference_mode()
@@ -98,14 +154,19 @@ def build_distillation_data(
     stop_ids = {int(t) for t in _as_list(model.generation_config.eos_token_id)}
     pad_id = int(model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else min(stop_ids))
     encoded = [(i, chat_prompt_ids(tokenizer, p)) for i, p in enumerate(prompts)]
-    # Similar lengths share a batch: less padding, and the order stays deterministic.
-    encoded.sort(key=lambda item: len(item[1]))
+    # Similar lengths share a batch (less padding), but only within windows of 8 batches of
+    # the given (shuffled) order: a time budget that stops early still sees every kind of
+    # prompt, not just the shortest ones.
+    window = batch_size * 8
+    encoded = [item for w in range(0, len(encoded), window)
+               for item in sorted(encoded[w : w + window], key=lambda item: len(item[1]))]
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     # The time budget counts every invocation: a resumed run continues the same clock.
     meta_path = out / "meta.json"
     spent = json.loads(meta_path.read_text()).get("seconds", 0.0) if meta_path.exists() else 0.0
     start = time.perf_counter()
     bar = tqdm(batches, desc="self-distillation data", unit="batch", mininterval=5.0)
+    answer_tokens = 0
     for index, batch in enumerate(bar):
         shard = out / f"shard_{index:05d}.pt"
         if shard.exists():
@@ -113,17 +174,16 @@ def build_distillation_data(
         if time_budget_s is not None and spent + time.perf_counter() - start > time_budget_s:
             bar.write(f"data time budget of {time_budget_s:.0f}s reached: {index} of {len(batches)} batches")
             break
-        answers = greedy_answers(model, [p for _, p in batch], max_new_tokens, stop_ids, pad_id)
-        seqs = [p + a for (_, p), a in zip(batch, answers)]
-        hidden = capture_hidden_states(model, seqs, layer_ids, pad_id)
+        generated = generate_with_hidden_states(model, [p for _, p in batch], layer_ids, max_new_tokens, stop_ids, pad_id)
         torch.save({
             "prompt_index": [i for i, _ in batch],
-            "input_ids": [torch.tensor(s, dtype=torch.int32) for s in seqs],
+            "input_ids": [torch.tensor(p + g.answer, dtype=torch.int32) for (_, p), g in zip(batch, generated)],
             "answer_start": [len(p) for _, p in batch],
-            "features": [h[0] for h in hidden],
-            "final_hidden": [h[1] for h in hidden],
+            "features": [g.features for g in generated],
+            "final_hidden": [g.final_hidden for g in generated],
         }, shard)
-        bar.set_postfix(answer_tokens=sum(len(a) for a in answers))
+        answer_tokens += sum(len(g.answer) for g in generated)
+        bar.set_postfix(answer_tok_per_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
     bar.close()
     stats = {"sequences": 0, "answer_tokens": 0, "total_tokens": 0, "batches": 0}
     for shard in sorted(out.glob("shard_*.pt")):

@@ -3,8 +3,10 @@
 Two families, mixed:
 
 * **Code completion**, in the shape HumanEval uses (a ``def`` line and a docstring): one
-  prompt per public function or method of a fixed list of standard-library modules,
-  using its real signature and the first paragraph of its real docstring.
+  prompt per public function or method of the standard library (a curated list of
+  modules and submodules, then every other importable top-level module), using its real
+  signature and the first paragraph of its real docstring; and the same task asked in
+  words ("Write a Python function `name(sig)`. ...").
 * **Instructions and chat**: hand-written task templates crossed with topic lists
   (Python tasks, explanations, comparisons, short writing).
 
@@ -19,6 +21,7 @@ import importlib
 import inspect
 import random
 import re
+import sys
 import warnings
 
 STDLIB_MODULES = [
@@ -102,12 +105,25 @@ def _first_paragraph(doc: str, max_lines: int = 6) -> str:
     return "\n".join(lines[:max_lines]).strip()
 
 
-def _function_prompts(exclude_names: set[str]) -> list[str]:
-    prompts: list[str] = []
-    seen: set[str] = set()
+# Importing these has side effects (a browser, a printed poem, a GUI) or fails headless.
+IMPORT_DENYLIST = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "ensurepip",
+                   "pydoc_data", "test", "msilib", "winreg", "winsound", "nt", "msvcrt"}
+
+
+def _module_names() -> list[str]:
+    """The curated list (it names submodules), then every other top-level stdlib module."""
+    extra = sorted(m for m in getattr(sys, "stdlib_module_names", ())
+                   if not m.startswith("_") and m not in IMPORT_DENYLIST and m not in STDLIB_MODULES)
+    return STDLIB_MODULES + extra
+
+
+def _documented_functions(exclude_names: set[str]) -> list[tuple[str, str, str]]:
+    """(name, signature, first docstring paragraph) of public stdlib functions and methods."""
+    found: list[tuple[str, str, str]] = []
+    seen: set[tuple[str, str, str]] = set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for module_name in STDLIB_MODULES:
+        for module_name in _module_names():
             try:
                 module = importlib.import_module(module_name)
             except Exception:  # noqa: BLE001 - optional stdlib parts differ by platform
@@ -133,11 +149,21 @@ def _function_prompts(exclude_names: set[str]) -> list[str]:
                 summary = _first_paragraph(doc)
                 if len(summary) < 20 or '"""' in summary:
                     continue
-                body = summary.replace("\n", "\n    ")
-                prompt = f'def {name}{signature}:\n    """{body}\n    """\n'
-                if prompt not in seen:
-                    seen.add(prompt)
-                    prompts.append(prompt)
+                if (name, signature, summary) not in seen:
+                    seen.add((name, signature, summary))
+                    found.append((name, signature, summary))
+    return found
+
+
+def _function_prompts(exclude_names: set[str]) -> list[str]:
+    """Two prompts per documented function: the HumanEval-shaped stub, and the same task
+    asked in words (the target answers them differently, so both are new data)."""
+    prompts: list[str] = []
+    for name, signature, summary in _documented_functions(exclude_names):
+        body = summary.replace("\n", "\n    ")
+        prompts.append(f'def {name}{signature}:\n    """{body}\n    """\n')
+        task = " ".join(summary.split())
+        prompts.append(f"Write a Python function `{name}{signature}`. {task}")
     return prompts
 
 
@@ -167,12 +193,13 @@ def build_prompt_set(max_prompts: int | None = None, seed: int = 0) -> list[str]
     return prompts[:max_prompts] if max_prompts else prompts
 
 
-_DEF_LINE = re.compile(r"^\s*def\s+(\w+)\s*\(", re.MULTILINE)
+# A function a prompt asks for: its def line, or its name in backticks.
+_DEF_LINE = re.compile(r"^\s*def\s+(\w+)\s*\(|`(\w+)\(", re.MULTILINE)
 
 
 def check_no_overlap(prompts: list[str]) -> None:
     """Raise if any training prompt defines a HumanEval entry point."""
     entry_points = humaneval_entry_points()
-    clashes = sorted({m for p in prompts for m in _DEF_LINE.findall(p)} & entry_points)
+    clashes = sorted({name for p in prompts for m in _DEF_LINE.findall(p) for name in m if name} & entry_points)
     if clashes:
         raise ValueError(f"training prompts define HumanEval entry points {clashes}")
