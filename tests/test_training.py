@@ -171,3 +171,16 @@ def test_generation_records_the_features_of_a_full_forward(arch):
         torch.testing.assert_close(g.features[:-1], feats[:-1], rtol=0, atol=0)
         torch.testing.assert_close(g.final_hidden[:-1], final[:-1], rtol=0, atol=0)
     assert len(lengths) > 1, "rows must finish at different steps for this test to cover row dropping"
+
+
+def test_training_prompts_never_ask_for_a_humaneval_function():
+    from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap, humaneval_entry_points
+
+    prompts = build_prompt_set()
+    assert len(set(prompts)) > 2000
+    assert prompts == build_prompt_set(), "the prompt set must be deterministic"
+    check_no_overlap(prompts)
+    entry = sorted(humaneval_entry_points())[0]
+    for leak in (f"def {entry}(x):\n    pass\n", f"Write a Python function `{entry}(x)`. Do it."):
+        with pytest.raises(ValueError, match=entry):
+            check_no_overlap(prompts[:3] + [leak])
