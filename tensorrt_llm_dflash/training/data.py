@@ -183,6 +183,8 @@ def build_distillation_data(
             "final_hidden": [g.final_hidden for g in generated],
         }, shard)
         answer_tokens += sum(len(g.answer) for g in generated)
+        # Keep the clock on disk after every shard, so an interrupted run resumes its budget too.
+        meta_path.write_text(json.dumps({"seconds": spent + time.perf_counter() - start, "complete": False}) + "\n")
         bar.set_postfix(answer_tok_per_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
     bar.close()
     stats = {"sequences": 0, "answer_tokens": 0, "total_tokens": 0, "batches": 0}
@@ -193,7 +195,7 @@ def build_distillation_data(
         stats["answer_tokens"] += sum(len(s) - a for s, a in zip(data["input_ids"], data["answer_start"]))
         stats["total_tokens"] += sum(len(s) for s in data["input_ids"])
     meta = {"layer_ids": list(layer_ids), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
-            "seconds": spent + time.perf_counter() - start, **stats}
+            "seconds": spent + time.perf_counter() - start, "complete": True, **stats}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
