@@ -89,3 +89,17 @@ def test_max_draft_len_range(fake_trtllm, dflash_ckpt, capsys, value):
     assert code == 2
     assert f"--max_draft_len={value} is out of range" in capsys.readouterr().err
     assert fake_trtllm["argv"] is None
+
+
+@pytest.mark.parametrize("mode", [None, "eagle"])
+def test_dflash_checkpoint_needs_the_dflash_mode(fake_trtllm, dflash_ckpt, capsys, mode):
+    # TensorRT-LLM 1.2's builder no longer forces MEDUSA for a config with max_draft_len: a DFlash
+    # checkpoint built in another mode would get no room for the tree.
+    argv = ["--checkpoint_dir", str(dflash_ckpt), "--max_draft_len", "7"]
+    if mode is not None:
+        argv += ["--speculative_decoding_mode", mode]
+    assert build.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "is a DFlash checkpoint: build it with --speculative_decoding_mode dflash" in err
+    assert f"--speculative_decoding_mode={mode!r}" in err
+    assert fake_trtllm["argv"] is None

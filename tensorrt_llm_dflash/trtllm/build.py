@@ -10,13 +10,17 @@ So ``dflash`` is this project's own CLI name. This entry point:
    flag through unchanged;
 2. checks the checkpoint (``architecture == "DFlashForCausalLM"``, ``--max_draft_len``
    between ``block_size - 1`` and the DDTree limit) before TensorRT-LLM is imported;
-3. exports ``--max_draft_len`` in ``$TRTLLM_DFLASH_MAX_DRAFT_LEN``, which
-   ``DFlashConfig`` reads: ``tensorrt_llm/builder.py::build`` overwrites
-   ``build_config.max_draft_len`` with ``model.config.max_draft_len`` whenever the config
-   has one (the Medusa convention), so without this the flag would be ignored. An
-   environment variable also reaches ``mpirun`` ranks and the ``spawn`` workers of
-   ``parallel_build``;
-4. loads the plugin library (``trtllm/plugins.py``) and registers
+3. refuses a DFlash checkpoint built without ``--speculative_decoding_mode dflash`` (or
+   ``medusa``): in 1.2 ``tensorrt_llm/builder.py::build`` no longer forces ``MEDUSA`` for a
+   config carrying ``max_draft_len`` (older releases did), so the mode would stay ``NONE``:
+   ``max_seq_len`` and ``max_num_tokens`` would not grow by the tree while the
+   ``spec_decoding_*`` inputs were still declared;
+4. exports ``--max_draft_len`` in ``$TRTLLM_DFLASH_MAX_DRAFT_LEN``, which ``DFlashConfig``
+   reads, so ``model.config.max_draft_len`` always equals the flag: ``build`` copies the
+   config's value into ``build_config.max_draft_len`` when the flag is absent (1.2), and
+   older releases overwrote the flag with it. An environment variable also reaches
+   ``mpirun`` ranks and the ``spawn`` workers of ``parallel_build``;
+5. loads the plugin library (``trtllm/plugins.py``; spawn workers load it on first use) and registers
    ``MODEL_MAP["DFlashForCausalLM"]`` (``PretrainedConfig.from_dict`` and ``build_model``
    resolve the architecture through it), then calls
    ``tensorrt_llm.commands.build.main()``, which reads ``sys.argv``.
@@ -24,8 +28,8 @@ So ``dflash`` is this project's own CLI name. This entry point:
 Why Medusa: the engine's extra output is ``medusa_logits`` (the drafter's block-1
 marginals), the tree is given explicitly per step (``spec_decoding_*`` tensors, as for
 Medusa trees; ``speculative_decoding_draft_tokens_external=False``), and
-``builder.build`` already forces ``MEDUSA`` for any config carrying ``max_draft_len``.
-With MEDUSA, ``build`` adds ``max_draft_len`` to ``max_seq_len`` and raises
+``MEDUSA`` is the mode ``builder.build`` assigned to any config carrying ``max_draft_len``
+before 1.2. With MEDUSA, ``build`` adds ``max_draft_len`` to ``max_seq_len`` and raises
 ``max_num_tokens`` to ``max_batch_size * (max_draft_len + 1)``; ``prepare_inputs`` then
 declares the ``spec_decoding_*`` inputs with ``max_draft_len + 1`` tokens per sequence.
 EAGLE would bring its own in-graph sampling plugins and a different I/O contract.
@@ -98,6 +102,12 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
                 f"(architecture {ARCHITECTURE}); --checkpoint_dir={ckpt!r} has architecture {found!r}"
             )
         return False, max_draft_len
+    mode = _flag_value(argv, MODE_FLAG)
+    if mode != TRTLLM_MODE:
+        raise DFlashConfigError(
+            f"--checkpoint_dir={ckpt!r} is a DFlash checkpoint: build it with {MODE_FLAG} {DFLASH_MODE} "
+            f"(got {MODE_FLAG}={mode!r})"
+        )
     block_size = int(config["dflash"]["block_size"])
     if max_draft_len is not None and not block_size - 1 <= max_draft_len <= MAX_DDTREE_BUDGET:
         raise DFlashConfigError(

@@ -7,9 +7,10 @@ attribute reads to it. The extra fields are ``dflash`` (the drafter's sizes, blo
 mask token, target layer ids, draft vocabulary), ``max_draft_len`` and
 ``num_medusa_heads`` (= block_size - 1).
 
-``max_draft_len``: ``tensorrt_llm/builder.py::build`` copies ``model.config.max_draft_len``
-into the build config, so the ``trtllm-build --max_draft_len`` flag is carried here by
-``$TRTLLM_DFLASH_MAX_DRAFT_LEN`` (set by ``trtllm/build.py``).
+``max_draft_len``: ``tensorrt_llm/builder.py::build`` reconciles ``model.config.max_draft_len``
+with the build config (1.2 copies it when ``--max_draft_len`` is absent; older releases
+always overwrote the flag with it), so the flag is carried here by
+``$TRTLLM_DFLASH_MAX_DRAFT_LEN`` (set by ``trtllm/build.py``) and the two always agree.
 
 Imports tensorrt_llm at module level: import this module only where TensorRT-LLM is
 installed (the package itself never imports it eagerly).

@@ -42,7 +42,6 @@ import numpy as np
 import tensorrt as trt
 from tensorrt_llm._common import default_net
 from tensorrt_llm._utils import pad_vocab_size, str_dtype_to_trt
-from tensorrt_llm.bindings import KVCacheType
 from tensorrt_llm.functional import (
     Tensor,
     arange,
@@ -72,7 +71,7 @@ from tensorrt_llm.layers.attention import SpecDecodingParams
 from tensorrt_llm.mapping import Mapping
 from tensorrt_llm.models.generation_mixin import GenerationMixin
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
-from tensorrt_llm.models.modeling_utils import PretrainedModel
+from tensorrt_llm.models.modeling_utils import PretrainedModel, get_kv_cache_type_from_legacy
 from tensorrt_llm.models.qwen.model import QWenForCausalLM
 from tensorrt_llm.module import Module, ModuleList
 from tensorrt_llm.parameter import Parameter
@@ -435,7 +434,10 @@ class DFlashForCausalLM(PretrainedModel):
 
             def _dflash_inputs(self, kwargs: dict[str, Any]) -> dict[str, Tensor]:
                 net = default_net().plugin_config
-                kv_type = KVCacheType.PAGED if net.paged_kv_cache else KVCacheType.CONTINUOUS
+                # TensorRT-LLM's own helper, so kv_type is the enum GenerationMixin compares against:
+                # the C++ binding's KVCacheType up to 1.0, tensorrt_llm.llmapi.kv_cache_type's
+                # (a plain Python enum that never equals the binding's) in 1.2.
+                kv_type = get_kv_cache_type_from_legacy(True, bool(net.paged_kv_cache))
                 enable_ctx_gen = GenerationMixin.has_ctx_gen_opt_profiles(
                     use_gpt_attention_plugin=net.gpt_attention_plugin, use_gemm_plugin=net.gemm_plugin,
                     remove_input_padding=net.remove_input_padding, kv_cache_type=kv_type)
@@ -476,7 +478,7 @@ class DFlashForCausalLM(PretrainedModel):
                     "dflash_context_kv": tensor("dflash_context_kv", str_dtype_to_trt(self.config.dtype),
                                                 [("dflash_layers", ld), ("kv", 2), ("batch_size", bb),
                                                  ("dflash_context_len", seq), ("kv_heads", kv_heads),
-                                                 ("head_size", d)]),
+                                                 ("dflash_head_size", d)]),
                     "dflash_context_lengths": tensor("dflash_context_lengths", trt.int32, [("batch_size", bb)]),
                     "dflash_prev_accepted_nodes": tensor("dflash_prev_accepted_nodes", trt.int32,
                                                          [("batch_size", bb), ("dflash_path_len", path)]),

@@ -145,6 +145,11 @@ def _create_plugin(plugin_name: str, layer_name: str, fields: dict[str, int]) ->
     registry = trt.get_plugin_registry()
     creator = registry.get_creator(plugin_name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
     if creator is None:
+        # parallel_build's spawn workers (trtllm-build --workers N) start without the library
+        # the parent process loaded: load it here, where the network first needs it.
+        load_plugin_library()
+        creator = registry.get_creator(plugin_name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    if creator is None:
         raise RuntimeError(
             f"TensorRT has no creator {PLUGIN_NAMESPACE}::{plugin_name} v{PLUGIN_VERSION}; "
             "call tensorrt_llm_dflash.trtllm.plugins.load_plugin_library() first"
