@@ -147,13 +147,29 @@ def build_distillation_data(
     max_new_tokens: int = 128,
     batch_size: int = 48,
     time_budget_s: float | None = None,
+    max_prompt_tokens: int = 384,
 ) -> dict[str, Any]:
-    """Write shards ``shard_00000.pt ...`` and ``meta.json`` into ``out_dir``; resumable."""
+    """Write shards ``shard_00000.pt ...`` and ``meta.json`` into ``out_dir``; resumable.
+
+    A resumed run skips every prompt some shard already answered (matched by its tokens, so
+    resuming stays correct if the prompt list changed), and numbers new shards after the
+    existing ones. Prompts longer than ``max_prompt_tokens`` are skipped: a batch is left
+    padded to its longest prompt, so one outlier would multiply the whole batch's cost.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stop_ids = {int(t) for t in _as_list(model.generation_config.eos_token_id)}
     pad_id = int(model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else min(stop_ids))
+    existing = sorted(out.glob("shard_*.pt"))
+    done: set[tuple[int, ...]] = set()
+    for shard in existing:
+        data = torch.load(shard)
+        done.update(tuple(ids[:start].tolist()) for ids, start in zip(data["input_ids"], data["answer_start"]))
     encoded = [(i, chat_prompt_ids(tokenizer, p)) for i, p in enumerate(prompts)]
+    too_long = sum(len(ids) > max_prompt_tokens for _, ids in encoded)
+    if too_long:
+        print(f"skipping {too_long} prompts longer than {max_prompt_tokens} tokens")
+    encoded = [(i, ids) for i, ids in encoded if len(ids) <= max_prompt_tokens and tuple(ids) not in done]
     # Similar lengths share a batch (less padding), but only within windows of 8 batches of
     # the given (shuffled) order: a time budget that stops early still sees every kind of
     # prompt, not just the shortest ones.
@@ -167,12 +183,11 @@ def build_distillation_data(
     start = time.perf_counter()
     bar = tqdm(batches, desc="self-distillation data", unit="batch", mininterval=5.0)
     answer_tokens = 0
-    for index, batch in enumerate(bar):
+    for index, batch in enumerate(bar, start=len(existing)):
         shard = out / f"shard_{index:05d}.pt"
-        if shard.exists():
-            continue
         if time_budget_s is not None and spent + time.perf_counter() - start > time_budget_s:
-            bar.write(f"data time budget of {time_budget_s:.0f}s reached: {index} of {len(batches)} batches")
+            bar.write(f"data time budget of {time_budget_s:.0f}s reached: {index - len(existing)} of {len(batches)} "
+                      f"new batches ({len(existing)} from earlier runs)")
             break
         generated = generate_with_hidden_states(model, [p for _, p in batch], layer_ids, max_new_tokens, stop_ids, pad_id)
         torch.save({

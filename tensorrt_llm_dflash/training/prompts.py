@@ -186,10 +186,24 @@ def humaneval_entry_points() -> set[str]:
     return {p["entry_point"] for p in read_problems().values()}
 
 
+# A default value whose repr is not source: an object at a memory address (differs per run),
+# a built-in, or a mapping such as ``os.environ`` (``cgi.parse(environ=os.environ)`` would put
+# this machine's environment, secrets included, into the training data).
+_UNPLAIN_DEFAULT = re.compile(r" at 0x[0-9a-fA-F]+|<built-in |environ\(")
+MAX_PROMPT_CHARS = 1200
+
+
+def is_plain_prompt(prompt: str) -> bool:
+    return len(prompt) <= MAX_PROMPT_CHARS and _UNPLAIN_DEFAULT.search(prompt) is None
+
+
 def build_prompt_set(max_prompts: int | None = None, seed: int = 0) -> list[str]:
-    """The training prompts, deterministic for a given seed."""
+    """The training prompts, deterministic for a given seed (and Python version)."""
     prompts = _function_prompts(humaneval_entry_points()) + _instruction_prompts()
     random.Random(seed).shuffle(prompts)
+    # Filtered after the shuffle: the order of the kept prompts does not depend on which
+    # (platform-dependent) ones were dropped.
+    prompts = [p for p in prompts if is_plain_prompt(p)]
     return prompts[:max_prompts] if max_prompts else prompts
 
 
