@@ -174,13 +174,49 @@ def test_generation_records_the_features_of_a_full_forward(arch):
 
 
 def test_training_prompts_never_ask_for_a_humaneval_function():
-    from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap, humaneval_entry_points
+    from tensorrt_llm_dflash.training.prompts import (
+        build_prompt_set,
+        check_no_overlap,
+        humaneval_entry_points,
+        is_plain_prompt,
+    )
 
     prompts = build_prompt_set()
     assert len(set(prompts)) > 2000
     assert prompts == build_prompt_set(), "the prompt set must be deterministic"
     check_no_overlap(prompts)
+    # No default value's repr: memory addresses differ per run, os.environ would leak the machine.
+    assert not any(" at 0x" in p or "environ(" in p or "<built-in " in p for p in prompts)
+    assert not is_plain_prompt("def parse(fp=None, environ=environ({'HOME': '/root'})):\n")
+    assert not is_plain_prompt("def f(key=<function <lambda> at 0x7f5f84ae3ce0>):\n")
     entry = sorted(humaneval_entry_points())[0]
     for leak in (f"def {entry}(x):\n    pass\n", f"Write a Python function `{entry}(x)`. Do it."):
         with pytest.raises(ValueError, match=entry):
             check_no_overlap(prompts[:3] + [leak])
+
+
+class _CharTokenizer:
+    """Just enough of a chat tokenizer for the data stage: one token per character."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [2 + ord(c) % 60 for c in messages[0]["content"]]
+
+
+def test_data_stage_resumes_by_prompt_content(tmp_path):
+    """A second run over a changed, reordered prompt list answers only the prompts no shard has,
+    skips prompts over the length cap, and numbers its shards after the existing ones."""
+    from tensorrt_llm_dflash.training.data import build_distillation_data, load_distillation_data
+
+    target = tiny_target("llama", seed=2, dtype=torch.float32)
+    first = ["abc", "hello", "xyz!", "qq"]
+    meta = build_distillation_data(tmp_path, target, _CharTokenizer(), first, [0, 1], max_new_tokens=5, batch_size=2)
+    assert meta["sequences"] == 4 and meta["complete"]
+    second = ["qq", "new one", "abc", "fresh", "x" * 50]
+    meta = build_distillation_data(tmp_path, target, _CharTokenizer(), second, [0, 1], max_new_tokens=5,
+                                   batch_size=2, max_prompt_tokens=20)
+    assert meta["sequences"] == 6 and meta["batches"] == 3
+    seqs = load_distillation_data(tmp_path)
+    prompts = sorted(tuple(s.input_ids[~s.loss_mask].tolist()) for s in seqs)
+    expected = sorted(tuple(_CharTokenizer().apply_chat_template([{"content": p}]))
+                      for p in ["abc", "hello", "xyz!", "qq", "new one", "fresh"])
+    assert prompts == expected
