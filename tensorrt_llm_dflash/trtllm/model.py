@@ -357,7 +357,9 @@ class DFlashForCausalLM(PretrainedModel):
                     acc = acc * _or(gather(acc, 1, parent_index), is_root)
                 acc = is_ctx * valid + (1 - is_ctx) * acc  # a prompt is accepted whole
                 num_accepted = _int(reduce_sum(acc, dim=1))
-                last = _int(argmax(acc * (positions + 1), dim=1, keepdim=True))  # deepest accepted node
+                # Deepest accepted node. argmax is a TopK layer: fed float32 (exact for these small
+                # integers), as not every TensorRT 10.x release takes int32 TopK input.
+                last = _int(argmax(cast(acc * (positions + 1), "float32"), dim=1, keepdim=True))
                 bonus = view(gather(choice, 1, last), concat([b]))
                 return acc, num_accepted, bonus
 
