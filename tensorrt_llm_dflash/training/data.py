@@ -123,7 +123,8 @@ def _layer_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int
 def capture_hidden_states(
     model: Any, sequences: list[list[int]], layer_ids: list[int], pad_id: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(features [S, K*H], final normed hidden [S, H]) per sequence, bf16, right padded batch."""
+    """(features [S, K*H], final normed hidden [S, H]) per sequence, bf16, right padded batch:
+    one full forward pass, the reference the decode-time capture is tested against."""
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -131,9 +132,7 @@ def capture_hidden_states(
         ids[row, : len(s)] = torch.tensor(s)
         mask[row, : len(s)] = 1
     out = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), output_hidden_states=True)
-    hs = out.hidden_states
-    feats = torch.cat([hs[i + 1] for i in layer_ids], dim=-1).to(torch.bfloat16).cpu()
-    final = hs[-1].to(torch.bfloat16).cpu()
+    feats, final = _layer_features(out.hidden_states, layer_ids)
     return [(feats[row, : len(s)].clone(), final[row, : len(s)].clone()) for row, s in enumerate(sequences)]
 
 
