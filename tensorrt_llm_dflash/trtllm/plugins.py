@@ -147,7 +147,13 @@ def _create_plugin(plugin_name: str, layer_name: str, fields: dict[str, int]) ->
     if creator is None:
         # parallel_build's spawn workers (trtllm-build --workers N) start without the library
         # the parent process loaded: load it here, where the network first needs it.
-        load_plugin_library()
+        try:
+            load_plugin_library()
+        except FileNotFoundError as err:
+            raise RuntimeError(
+                f"TensorRT has no creator {PLUGIN_NAMESPACE}::{plugin_name} v{PLUGIN_VERSION}, and "
+                f"load_plugin_library() could not load one: {err}"
+            ) from err
         creator = registry.get_creator(plugin_name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
     if creator is None:
         raise RuntimeError(
