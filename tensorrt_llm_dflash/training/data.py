@@ -161,9 +161,11 @@ def build_distillation_data(
     pad_id = int(model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else min(stop_ids))
     existing = sorted(out.glob("shard_*.pt"))
     done: set[tuple[int, ...]] = set()
+    stats = {"sequences": 0, "answer_tokens": 0, "total_tokens": 0, "batches": 0}
     for shard in existing:
         data = torch.load(shard)
         done.update(tuple(ids[:start].tolist()) for ids, start in zip(data["input_ids"], data["answer_start"]))
+        _count(stats, data["input_ids"], data["answer_start"])
     encoded = [(i, chat_prompt_ids(tokenizer, p)) for i, p in enumerate(prompts)]
     too_long = sum(len(ids) > max_prompt_tokens for _, ids in encoded)
     if too_long:
@@ -189,29 +191,31 @@ def build_distillation_data(
                       f"new batches ({len(existing)} from earlier runs)")
             break
         generated = generate_with_hidden_states(model, [p for _, p in batch], layer_ids, max_new_tokens, stop_ids, pad_id)
-        torch.save({
+        data = {
             "prompt_index": [i for i, _ in batch],
             "input_ids": [torch.tensor(p + g.answer, dtype=torch.int32) for (_, p), g in zip(batch, generated)],
             "answer_start": [len(p) for _, p in batch],
             "features": [g.features for g in generated],
             "final_hidden": [g.final_hidden for g in generated],
-        }, shard)
+        }
+        torch.save(data, shard)
+        _count(stats, data["input_ids"], data["answer_start"])
         answer_tokens += sum(len(g.answer) for g in generated)
         # Keep the clock on disk after every shard, so an interrupted run resumes its budget too.
         meta_path.write_text(json.dumps({"seconds": spent + time.perf_counter() - start, "complete": False}) + "\n")
         bar.set_postfix(answer_tok_per_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
     bar.close()
-    stats = {"sequences": 0, "answer_tokens": 0, "total_tokens": 0, "batches": 0}
-    for shard in sorted(out.glob("shard_*.pt")):
-        data = torch.load(shard)
-        stats["batches"] += 1
-        stats["sequences"] += len(data["input_ids"])
-        stats["answer_tokens"] += sum(len(s) - a for s, a in zip(data["input_ids"], data["answer_start"]))
-        stats["total_tokens"] += sum(len(s) for s in data["input_ids"])
     meta = {"layer_ids": list(layer_ids), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
             "seconds": spent + time.perf_counter() - start, "complete": True, **stats}
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def _count(stats: dict[str, int], input_ids: list[torch.Tensor], answer_starts: list[int]) -> None:
+    stats["batches"] += 1
+    stats["sequences"] += len(input_ids)
+    stats["answer_tokens"] += sum(len(ids) - a for ids, a in zip(input_ids, answer_starts))
+    stats["total_tokens"] += sum(len(ids) for ids in input_ids)
 
 
 def load_distillation_data(data_dir: str | Path, with_final_hidden: bool = False) -> list[Sequence]:

@@ -157,8 +157,9 @@ def _create_plugin(plugin_name: str, layer_name: str, fields: dict[str, int]) ->
         creator = registry.get_creator(plugin_name, PLUGIN_VERSION, PLUGIN_NAMESPACE)
     if creator is None:
         raise RuntimeError(
-            f"TensorRT has no creator {PLUGIN_NAMESPACE}::{plugin_name} v{PLUGIN_VERSION}; "
-            "call tensorrt_llm_dflash.trtllm.plugins.load_plugin_library() first"
+            f"TensorRT has no creator {PLUGIN_NAMESPACE}::{plugin_name} v{PLUGIN_VERSION} even after "
+            "load_plugin_library(): the loaded library does not register it; rebuild plugins/ against "
+            "this TensorRT"
         )
     collection = trt.PluginFieldCollection([
         trt.PluginField(name, np.array([value], dtype=np.int32), trt.PluginFieldType.INT32)
