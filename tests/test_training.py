@@ -220,3 +220,37 @@ def test_data_stage_resumes_by_prompt_content(tmp_path):
     expected = sorted(tuple(_CharTokenizer().apply_chat_template([{"content": p}]))
                       for p in ["abc", "hello", "xyz!", "qq", "new one", "fresh"])
     assert prompts == expected
+
+
+def test_bf16_autocast_training_matches_fp32_loss_and_learns(setup, tmp_path):
+    """--precision bf16: the autocast forward gives the fp32 loss to bf16 accuracy, the loss falls,
+    and the trained weights stay fp32 (what gets exported is not quantised by training)."""
+    import copy
+
+    from tensorrt_llm_dflash.training.trainer import _autocast
+
+    target, drafter, seqs = setup
+    online = OnlineDFlashModel(copy.deepcopy(drafter), target.get_input_embeddings().weight,
+                               target.get_output_embeddings().weight, num_anchors=8, gamma=4.0)
+    batch = {"input_ids": torch.stack([s.input_ids for s in seqs[:4]]),
+             "loss_mask": torch.stack([s.loss_mask for s in seqs[:4]]),
+             "features": torch.stack([s.features for s in seqs[:4]]).float()}
+    with torch.no_grad():
+        fp32 = online(**batch, generator=torch.Generator().manual_seed(0))["loss"]
+        with _autocast(online, "bf16"):
+            bf16 = online(**batch, generator=torch.Generator().manual_seed(0))["loss"]
+    torch.testing.assert_close(bf16.float(), fp32, rtol=2e-2, atol=2e-2)
+    assert bf16.item() != fp32.item(), "autocast was not active"
+
+    result = train(online, seqs, TrainConfig(lr=3e-3, max_steps=150, log_every=50, save_every=10_000, batch_size=4,
+                                             eval_fraction=0.15, precision="bf16"), tmp_path / "work", resume=False)
+    history = result["history"]
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
+    assert all(p.dtype == torch.float32 for p in online.drafter.parameters())
+
+
+def test_unknown_precision_is_refused_by_name():
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    with pytest.raises(DFlashConfigError, match="precision='fp16'"):
+        TrainConfig(precision="fp16")
