@@ -89,14 +89,19 @@ def markov_like_target():
     return target
 
 
-@pytest.fixture(scope="module")
-def setup():
-    target = markov_like_target()
+def untrained_drafter(target):
     drafter = tiny_drafter(target, block_size=4, seed=4).float()
     with torch.no_grad():
         for p in drafter.parameters():
             if p.dim() > 1:
                 p.mul_(0.1)
+    return drafter
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = markov_like_target()
+    drafter = untrained_drafter(target)
     return target, drafter, _data(target, drafter.config.target_layer_ids)
 
 
@@ -225,12 +230,10 @@ def test_data_stage_resumes_by_prompt_content(tmp_path):
 def test_bf16_autocast_training_matches_fp32_loss_and_learns(setup, tmp_path):
     """--precision bf16: the autocast forward gives the fp32 loss to bf16 accuracy, the loss falls,
     and the trained weights stay fp32 (what gets exported is not quantised by training)."""
-    import copy
-
     from tensorrt_llm_dflash.training.trainer import _autocast
 
-    target, drafter, seqs = setup
-    online = OnlineDFlashModel(copy.deepcopy(drafter), target.get_input_embeddings().weight,
+    target, _, seqs = setup  # the fixture's drafter may have been trained by another test
+    online = OnlineDFlashModel(untrained_drafter(target), target.get_input_embeddings().weight,
                                target.get_output_embeddings().weight, num_anchors=8, gamma=4.0)
     batch = {"input_ids": torch.stack([s.input_ids for s in seqs[:4]]),
              "loss_mask": torch.stack([s.loss_mask for s in seqs[:4]]),
@@ -254,3 +257,27 @@ def test_unknown_precision_is_refused_by_name():
 
     with pytest.raises(DFlashConfigError, match="precision='fp16'"):
         TrainConfig(precision="fp16")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_chain_metric_counts_the_leading_run_of_each_block(seed):
+    """The teacher-forced chain acceptance equals a per-block loop: count correct positions
+    until the first wrong or label-less one; blocks without a first label are not anchors."""
+    from tensorrt_llm_dflash.training.model import block_metrics
+
+    g = torch.Generator().manual_seed(seed)
+    correct = torch.rand(3, 5, 7, generator=g) < 0.7
+    valid = torch.rand(3, 5, 7, generator=g) < 0.9
+    accepted, anchors = 0, 0
+    for b in range(3):
+        for n in range(5):
+            if not valid[b, n, 0]:
+                continue
+            anchors += 1
+            for k in range(7):
+                if not (valid[b, n, k] and correct[b, n, k]):
+                    break
+                accepted += 1
+    out = block_metrics(correct & valid, valid)
+    assert out["chain_accepted"].item() == accepted and out["chain_anchors"].item() == anchors
+    assert out["count"].tolist() == valid.sum((0, 1)).float().tolist()

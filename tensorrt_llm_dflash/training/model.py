@@ -153,15 +153,30 @@ class OnlineDFlashModel(nn.Module):
             distill = (kl * weight).sum() / weight.sum().clamp(min=1e-6)
             loss = (1 - self.distill_weight) * loss + self.distill_weight * distill
         with torch.no_grad():
-            correct = (logits.argmax(-1) == draft_labels) & valid
-            per_position_correct = correct.sum((0, 1)).float()
-            per_position_count = valid.sum((0, 1)).float()
+            metrics = block_metrics((logits.argmax(-1) == draft_labels) & valid, valid)
         return {
             "loss": loss,
-            "correct": per_position_correct,
-            "count": per_position_count,
+            **metrics,
             "coverage": representable.sum().float() / valid.sum().clamp(min=1).float(),
         }
+
+
+def block_metrics(correct: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Top-1 counts per block position, and the teacher-forced chain acceptance.
+
+    ``correct`` and ``valid`` are [batch, anchors, B-1]. A block's chain accepts its leading run
+    of correct valid positions, exactly what verification would accept from this block given
+    the true context; summed over anchors whose first position has a label. Unlike the product
+    of per-position accuracies, this keeps the correlation between positions.
+    """
+    run = (correct & valid).int().cumprod(-1).sum(-1)
+    anchors = valid[..., 0]
+    return {
+        "correct": correct.sum((0, 1)).float(),
+        "count": valid.sum((0, 1)).float(),
+        "chain_accepted": run[anchors].sum().float(),
+        "chain_anchors": anchors.sum().float(),
+    }
 
 
 def cosine_lr(progress: float, warmup: float = 0.03, floor: float = 0.1) -> float:

@@ -23,7 +23,7 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 def _autocast(online: OnlineDFlashModel, precision: str):
     dtype = PRECISIONS[precision]
-    device_type = online.head_weight.device.type
+    device_type = next(online.parameters()).device.type
     return torch.autocast(device_type, dtype=dtype or torch.float32, enabled=dtype is not None)
 
 
@@ -215,7 +215,7 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
     was_training = online.training
     online.eval()
     gen = torch.Generator().manual_seed(12345)
-    loss, correct, count = 0.0, None, None
+    loss, correct, count, accepted, anchors = 0.0, None, None, 0.0, 0.0
     batches = [seqs[i : i + config.batch_size] for i in range(0, len(seqs), config.batch_size)]
     for chunk in batches:
         with _autocast(online, config.precision):
@@ -223,6 +223,8 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
         loss += float(out["loss"])
         correct = out["correct"] if correct is None else correct + out["correct"]
         count = out["count"] if count is None else count + out["count"]
+        accepted += float(out["chain_accepted"])
+        anchors += float(out["chain_anchors"])
     online.train(was_training)
     acc = (correct / count.clamp(min=1)).tolist()
     # Block-wise top-1 accuracies are conditional on nothing; their running product is a
@@ -231,7 +233,9 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
     for a in acc:
         run *= a
         tau += run
-    return {"eval_loss": loss / max(1, len(batches)), "eval_acc": acc, "eval_tau_estimate": tau}
+    return {"eval_loss": loss / max(1, len(batches)), "eval_acc": acc, "eval_tau_estimate": tau,
+            # Teacher-forced chain tau: every answer position's own block, verified against the truth.
+            "eval_chain_tau": 1.0 + accepted / max(1.0, anchors)}
 
 
 def export(online: OnlineDFlashModel, output_dir: str | Path, card: dict[str, Any]) -> None:
