@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--distill_weight", type=float, default=0.0, help="mix of KL to the target's logits")
     ap.add_argument("--attention", choices=["dense", "flex"], default="dense")
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                    help="bf16: autocast forward/backward (fp32 weights and optimizer), ~1.5x steps on AVX512-BF16 CPUs")
+                    help="bf16: autocast forward/backward (fp32 weights and optimizer), ~1.3x steps/min on AVX512-BF16 CPUs")
     ap.add_argument("--no_resume", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
