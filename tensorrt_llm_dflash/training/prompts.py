@@ -1,12 +1,15 @@
 """An offline training prompt set, built on the fly from what every Python install has.
 
-Two families, mixed:
+Three families, mixed:
 
 * **Code completion**, in the shape HumanEval uses (a ``def`` line and a docstring): one
   prompt per public function or method of the standard library (a curated list of
   modules and submodules, then every other importable top-level module), using its real
   signature and the first paragraph of its real docstring; and the same task asked in
   words ("Write a Python function `name(sig)`. ...").
+* **HumanEval-format tasks** (:mod:`.doctest_tasks`): typed ``def`` lines and docstrings
+  with ``>>>`` examples computed by reference implementations, on tasks that are not
+  HumanEval's.
 * **Instructions and chat**: hand-written task templates crossed with topic lists
   (Python tasks, explanations, comparisons, short writing).
 
@@ -23,6 +26,8 @@ import random
 import re
 import sys
 import warnings
+
+from .doctest_tasks import doctest_prompts
 
 STDLIB_MODULES = [
     "string", "textwrap", "re", "difflib", "json", "csv", "base64", "binascii", "html", "html.parser",
@@ -199,7 +204,8 @@ def is_plain_prompt(prompt: str) -> bool:
 
 def build_prompt_set(max_prompts: int | None = None, seed: int = 0) -> list[str]:
     """The training prompts, deterministic for a given seed (and Python version)."""
-    prompts = _function_prompts(humaneval_entry_points()) + _instruction_prompts()
+    entry_points = humaneval_entry_points()
+    prompts = _function_prompts(entry_points) + doctest_prompts(exclude_names=entry_points) + _instruction_prompts()
     random.Random(seed).shuffle(prompts)
     # Filtered after the shuffle: the order of the kept prompts does not depend on which
     # (platform-dependent) ones were dropped.
