@@ -262,10 +262,36 @@ class RequestRecord:
     stage_seconds: dict[str, float]
     finish_reason: str = "length"
     tree_sizes: list[int] = field(default_factory=list)  # tokens fed to the target per step (same steps)
+    copyable: list[bool] = field(default_factory=list)  # per step: see copyable_steps
+
 
     @property
     def new_tokens(self) -> int:
         return len(self.output_ids)
+
+
+def copyable_steps(prompt_ids: Sequence[int], output_ids: Sequence[int], acceptance_lengths: Sequence[int]) -> list[bool]:
+    """For each target step: does the bigram that ends at the step's last committed token occur
+    earlier in the context? Those are the steps where prompt lookup has a candidate and a
+    drafter can score by copying; splitting tau on them shows whether a drafter copies well.
+
+    Step i starts after ``1 + sum(acceptance_lengths[:i])`` output tokens (the prompt's forward
+    commits the first one), so its last committed token sits at ``len(prompt) + sum(...[:i])``.
+    """
+    tokens = list(prompt_ids) + list(output_ids)
+    seen: set[tuple[int, int]] = set()
+    scanned = 0  # bigrams starting before this index are in ``seen``
+    flags = []
+    last = len(prompt_ids)
+    for length in acceptance_lengths:
+        if last >= len(tokens) or last < 1:
+            break
+        while scanned + 1 < last:  # bigrams that end strictly before ``last``
+            seen.add((tokens[scanned], tokens[scanned + 1]))
+            scanned += 1
+        flags.append((tokens[last - 1], tokens[last]) in seen)
+        last += length
+    return flags
 
 
 @dataclass
@@ -459,6 +485,7 @@ def run_benchmark(ctx: BenchContext, methods: Sequence[Method], prompts: Sequenc
                 record = METHOD_KINDS[method.kind].runner(run_ctx, method, list(ids), seed + max(index, 0))
                 if index >= 0:
                     record.prompt_index = index
+                    record.copyable = copyable_steps(ids, record.output_ids, record.acceptance_lengths)
                     records[method.label].append(record)
                 bar.update(1)
     return records
@@ -476,6 +503,10 @@ def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
     stages = {s: sum(r.stage_seconds.get(s, 0.0) for r in records) for s in STAGES}
     stages["other"] = max(seconds - sum(stages.values()), 0.0)
     counts = np.bincount(taus) if taus else np.zeros(1, dtype=int)
+    split = {True: [], False: []}
+    for r in records:
+        for flag, tau in zip(r.copyable, r.acceptance_lengths):
+            split[flag].append(tau)
     return {
         "prompts": len(records),
         "new_tokens": tokens,
@@ -485,6 +516,9 @@ def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "target_steps": len(taus),
         "tau_mean": float(np.mean(taus)) if taus else math.nan,
         "tau_histogram": {int(k): int(c) for k, c in enumerate(counts) if c},
+        "tau_copyable": float(np.mean(split[True])) if split[True] else math.nan,
+        "tau_elsewhere": float(np.mean(split[False])) if split[False] else math.nan,
+        "copyable_step_fraction": len(split[True]) / max(1, len(split[True]) + len(split[False])),
         "stage_seconds": stages,
         "stage_fractions": {s: (v / seconds if seconds > 0 else 0.0) for s, v in stages.items()},
         "verify_step_seconds": stages["verify"] / len(taus) if taus else math.nan,
@@ -658,6 +692,16 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
               "tokens/verify: tokens fed to the target per such forward (tree size; for pld 1 + candidates). "
               "For hf and pld, verify = the target's forward calls (timed with hooks) and other = the rest of "
               "`generate`.", ""]
+    copy_rows = [(label, s) for label, s in methods.items()
+                 if not s["autoregressive"] and isinstance(s.get("tau_copyable"), float)
+                 and math.isfinite(s["tau_copyable"])]
+    if copy_rows:
+        lines += ["Copying: tau split by whether the bigram ending at the step's last token occurred earlier in "
+                  "the context (where prompt lookup has a candidate).", "",
+                  "| method | tau, copyable steps | tau, other steps | copyable steps |", "|---|---:|---:|---:|"]
+        lines += [f"| {label} | {_fmt(s['tau_copyable'])} | {_fmt(s['tau_elsewhere'])} | "
+                  f"{_fmt(100 * s['copyable_step_fraction'], '.0f', '%')} |" for label, s in copy_rows]
+        lines.append("")
     lines += [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 

@@ -74,15 +74,23 @@ def load_target(
     device: str | torch.device = "cpu",
 ) -> tuple[Any, Any]:
     """Load (model, tokenizer). ``path=None`` loads the embedded SmolLM2 target."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     directory, gguf = _resolve(path)
     kwargs: dict[str, Any] = {} if gguf is None else {"gguf_file": gguf}
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
+    tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(
         str(directory), dtype=dtype, attn_implementation="sdpa", **kwargs
     )
     return model.to(device).eval(), tokenizer
+
+
+def load_tokenizer(path: str | Path | None = None) -> Any:
+    """The target's tokenizer alone (``path=None``: the embedded SmolLM2 target's)."""
+    from transformers import AutoTokenizer
+
+    directory, gguf = _resolve(path)
+    return AutoTokenizer.from_pretrained(str(directory), **({} if gguf is None else {"gguf_file": gguf}))
 
 
 def target_dims(model: Any) -> dict[str, int]:

@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tensorrt_llm_dflash import bench
@@ -160,6 +161,40 @@ def test_aggregation_math_on_hand_made_numbers():
     assert summary["baseline"] == "hf"
     assert summary["methods"]["ddtree:8"]["speedup"] == pytest.approx(20.0 / 12.5)
     assert summary["methods"]["ddtree:8"]["ideal_speedup"] == pytest.approx(3.0 * 0.08 / 0.05)
+
+
+def brute_force_copyable(prompt, output, taus):
+    tokens, flags, last = prompt + output, [], len(prompt)
+    for tau in taus:
+        if last >= len(tokens):
+            break
+        pair = (tokens[last - 1], tokens[last])
+        flags.append(any((tokens[j], tokens[j + 1]) == pair for j in range(last - 1)))
+        last += tau
+    return flags
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_copyable_steps_match_a_brute_force_scan(seed):
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, 4, size=int(rng.integers(1, 9))).tolist()
+    taus = rng.integers(1, 5, size=int(rng.integers(1, 8))).tolist()
+    output = rng.integers(0, 4, size=1 + sum(taus) - int(rng.integers(0, 3))).tolist()
+    assert bench.copyable_steps(prompt, output, taus) == brute_force_copyable(prompt, output, taus)
+
+
+def test_copyable_split_of_tau_on_a_hand_made_case():
+    # Prompt "5 6 7"; output "5 6 9 9 9": step 0 ends at the first output 5 (bigram 7,5: new),
+    # step 1 (after 2 tokens) at 9 (bigram 6,9: new), step 2 at the second 9 (9,9: new), step 3 at
+    # the third 9 ((9,9) seen before).
+    assert bench.copyable_steps([5, 6, 7], [5, 6, 9, 9, 9], [2, 1, 1, 1]) == [False, False, False, True]
+    assert bench.copyable_steps([5, 6], [5, 6, 5], [2]) == [False]
+    assert bench.copyable_steps([5, 6, 5], [6, 1], [1]) == [True]
+    r = record(0, 6, 1.0, [1, 3, 2], 0.5)
+    r.copyable = [True, False, True]
+    summary = bench.summarize_method([r])
+    assert summary["tau_copyable"] == pytest.approx(1.5) and summary["tau_elsewhere"] == pytest.approx(3.0)
+    assert summary["copyable_step_fraction"] == pytest.approx(2 / 3)
 
 
 def test_no_baseline_means_no_speedup():
