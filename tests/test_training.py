@@ -310,3 +310,30 @@ def test_chain_metric_counts_the_leading_run_of_each_block(seed):
     out = block_metrics(correct & valid, valid)
     assert out["chain_accepted"].item() == accepted and out["chain_anchors"].item() == anchors
     assert out["count"].tolist() == valid.sum((0, 1)).float().tolist()
+    # Split by copyable anchors: the copyable share is the same loop restricted to them.
+    copyable = torch.rand(3, 5, generator=g) < 0.5
+    split = block_metrics(correct & valid, valid, copyable)
+    only = block_metrics(correct & valid & copyable[..., None], valid & copyable[..., None])
+    assert split["chain_accepted_copyable"].item() == only["chain_accepted"].item()
+    assert split["chain_anchors_copyable"].item() == only["chain_anchors"].item()
+    assert split["chain_accepted"].item() == accepted
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_copyable_anchors_follow_the_benchmark_rule(seed):
+    """An anchor is copyable iff the bigram ending at it ends somewhere earlier too: the same rule
+    (and a brute-force scan) as the benchmark's per-step split."""
+    from tensorrt_llm_dflash import bench
+    from tensorrt_llm_dflash.training.model import copyable_anchors
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 4, (2, 30), generator=g)
+    anchors = torch.sort(torch.randint(0, 30, (2, 9), generator=g), dim=1).values
+    got = copyable_anchors(ids, anchors)
+    for b in range(2):
+        t = ids[b].tolist()
+        for n, a in enumerate(anchors[b].tolist()):
+            want = a >= 1 and any((t[p - 1], t[p]) == (t[a - 1], t[a]) for p in range(1, a))
+            assert bool(got[b, n]) == want
+            if a >= 1:  # one step whose last committed token is the anchor
+                assert bench.copyable_steps(t[:a], t[a:], [1]) == [want]

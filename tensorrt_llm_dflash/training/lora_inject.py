@@ -28,7 +28,7 @@ from torch import nn
 
 from ..lora_inject import ContextKV, DFlashLoRAInjectDraftModel
 from .data import Sequence
-from .model import block_metrics, sample_anchors, training_mask_bool
+from .model import block_metrics, copyable_anchors, sample_anchors, training_mask_bool
 
 
 def load_token_sequences(data_dir: str | Path) -> list[Sequence]:
@@ -109,7 +109,7 @@ class OnlineDFlashLoRAInjectModel(nn.Module):
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.view(-1), reduction="none")
         loss = (ce.view_as(weight) * weight).sum() / weight.sum().clamp(min=1e-6)
         with torch.no_grad():
-            metrics = block_metrics((logits.argmax(-1) == labels) & valid, valid)
+            metrics = block_metrics((logits.argmax(-1) == labels) & valid, valid, copyable_anchors(input_ids, anchors))
         return {
             "loss": loss,
             **metrics,

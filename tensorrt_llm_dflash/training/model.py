@@ -153,7 +153,8 @@ class OnlineDFlashModel(nn.Module):
             distill = (kl * weight).sum() / weight.sum().clamp(min=1e-6)
             loss = (1 - self.distill_weight) * loss + self.distill_weight * distill
         with torch.no_grad():
-            metrics = block_metrics((logits.argmax(-1) == draft_labels) & valid, valid)
+            metrics = block_metrics((logits.argmax(-1) == draft_labels) & valid, valid,
+                                    copyable_anchors(input_ids, anchors))
         return {
             "loss": loss,
             **metrics,
@@ -161,22 +162,43 @@ class OnlineDFlashModel(nn.Module):
         }
 
 
-def block_metrics(correct: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
+def copyable_anchors(input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """[b, N] bool: the bigram ending at the anchor, ``(x[a-1], x[a])``, also ends at an earlier
+    position. The training-side twin of ``bench.copyable_steps``: the blocks a drafter can win by
+    copying from its context, as prompt lookup does."""
+    b, s = input_ids.shape
+    codes = torch.full((b, s), -1, dtype=torch.long, device=input_ids.device)
+    codes[:, 1:] = input_ids[:, :-1].long() * (int(input_ids.max()) + 1) + input_ids[:, 1:].long()
+    anchor_codes = codes.gather(1, anchors)  # [b, N]
+    earlier = torch.arange(s, device=input_ids.device)[None, None, :] < anchors[:, :, None]
+    same = (codes[:, None, :] == anchor_codes[:, :, None]) & earlier & (codes[:, None, :] >= 0)
+    return same.any(-1) & (anchor_codes >= 0)
+
+
+def block_metrics(
+    correct: torch.Tensor, valid: torch.Tensor, copyable: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """Top-1 counts per block position, and the teacher-forced chain acceptance.
 
     ``correct`` and ``valid`` are [batch, anchors, B-1]. A block's chain accepts its leading run
     of correct valid positions, exactly what verification would accept from this block given
     the true context; summed over anchors whose first position has a label. Unlike the product
-    of per-position accuracies, this keeps the correlation between positions.
+    of per-position accuracies, this keeps the correlation between positions. With
+    ``copyable`` ([batch, anchors], see :func:`copyable_anchors`) the copyable blocks' share is
+    also returned.
     """
     run = (correct & valid).int().cumprod(-1).sum(-1)
     anchors = valid[..., 0]
-    return {
+    out = {
         "correct": correct.sum((0, 1)).float(),
         "count": valid.sum((0, 1)).float(),
         "chain_accepted": run[anchors].sum().float(),
         "chain_anchors": anchors.sum().float(),
     }
+    if copyable is not None:
+        out["chain_accepted_copyable"] = run[anchors & copyable].sum().float()
+        out["chain_anchors_copyable"] = (anchors & copyable).sum().float()
+    return out
 
 
 def cosine_lr(progress: float, warmup: float = 0.03, floor: float = 0.1) -> float:

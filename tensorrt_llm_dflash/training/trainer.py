@@ -217,6 +217,7 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
     online.eval()
     gen = torch.Generator().manual_seed(12345)
     loss, correct, count, accepted, anchors = 0.0, None, None, 0.0, 0.0
+    copy_accepted, copy_anchors = 0.0, 0.0
     batches = [seqs[i : i + config.batch_size] for i in range(0, len(seqs), config.batch_size)]
     for chunk in batches:
         with _autocast(online, config.precision):
@@ -226,6 +227,8 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
         count = out["count"] if count is None else count + out["count"]
         accepted += float(out["chain_accepted"])
         anchors += float(out["chain_anchors"])
+        copy_accepted += float(out.get("chain_accepted_copyable", 0.0))
+        copy_anchors += float(out.get("chain_anchors_copyable", 0.0))
     online.train(was_training)
     acc = (correct / count.clamp(min=1)).tolist()
     # Block-wise top-1 accuracies are conditional on nothing; their running product is a
@@ -236,7 +239,11 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
         tau += run
     return {"eval_loss": loss / max(1, len(batches)), "eval_acc": acc, "eval_tau_estimate": tau,
             # Teacher-forced chain tau: every answer position's own block, verified against the truth.
-            "eval_chain_tau": 1.0 + accepted / max(1.0, anchors)}
+            "eval_chain_tau": 1.0 + accepted / max(1.0, anchors),
+            # The same, split by whether the block's anchor ends a bigram seen earlier (copyable).
+            "eval_chain_tau_copyable": 1.0 + copy_accepted / max(1.0, copy_anchors),
+            "eval_chain_tau_other": 1.0 + (accepted - copy_accepted) / max(1.0, anchors - copy_anchors),
+            "eval_copyable_fraction": copy_anchors / max(1.0, anchors)}
 
 
 def export(online: OnlineDFlashModel, output_dir: str | Path, card: dict[str, Any]) -> None:
