@@ -10,7 +10,7 @@ ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 DEMO_DRAFTER_DIR = ASSETS_DIR / "smollm2-135m-instruct-dflash"
 DEMO_DRAFTER_COMMAND = (
     "python examples/train_dflash.py --output_dir tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash "
-    "--work_dir runs/smollm2 --data_minutes 42 --train_minutes 33 --precision bf16 --lr 2e-3"
+    "--work_dir runs/smollm2 --data_minutes 44 --train_minutes 41 --precision bf16 --lr 2e-3"
 )
 #: DDTree budget for the demo drafter on a CPU (see README: "Choosing a budget").
 DEMO_DDTREE_BUDGET = 8
