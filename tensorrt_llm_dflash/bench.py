@@ -526,6 +526,18 @@ def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
+def prompt_tau_spread(records: Sequence[RequestRecord]) -> tuple[float, float]:
+    """Mean over prompts of each prompt's tau, and its standard error (n - 1 in the variance).
+
+    The prompt is the unit that varies between runs (at T>0 each run samples its own answers), so
+    this, not the pooled per-step tau, is what tells two runs apart.
+    """
+    taus = [float(np.mean(r.acceptance_lengths)) for r in records if r.acceptance_lengths]
+    if len(taus) < 2:
+        raise BenchError(f"prompt_tau_spread needs at least 2 prompts with steps, got {len(taus)}")
+    return float(np.mean(taus)), float(np.std(taus, ddof=1) / math.sqrt(len(taus)))
+
+
 def compare_methods(summaries: dict[str, dict[str, Any]], baselines: Sequence[str]) -> str | None:
     """Add speedup, ideal speedup and efficiency to each summary; returns the baseline label.
 

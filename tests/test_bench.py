@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -127,6 +128,36 @@ def record(index, tokens, seconds, taus, verify, draft=0.0, prefill=0.0):
     stages = dict.fromkeys(bench.STAGES, 0.0)
     stages.update(verify=verify, draft=draft, prefill=prefill)
     return bench.RequestRecord(index, list(range(tokens)), seconds, list(taus), stages)
+
+
+def test_prompt_tau_spread_is_the_mean_and_standard_error_over_prompts():
+    # Per-prompt taus 1.5 (from [1, 2]), 3.0 and 4.5 (one long prompt must not outweigh the others).
+    records = [record(0, 3, 1.0, [1, 2], 0.5), record(1, 3, 1.0, [3], 0.5), record(2, 9, 1.0, [4, 5] * 5, 0.5)]
+    mean, se = bench.prompt_tau_spread(records)
+    assert mean == pytest.approx(3.0)
+    assert se == pytest.approx(np.std([1.5, 3.0, 4.5], ddof=1) / np.sqrt(3)) and se == pytest.approx(0.866, abs=1e-3)
+    with pytest.raises(bench.BenchError, match="at least 2 prompts"):
+        bench.prompt_tau_spread([records[0], record(1, 0, 1.0, [], 0.0)])
+
+
+def test_compare_runs_reports_change_and_z(tmp_path, capsys):
+    import compare_runs
+
+    def write(name, taus_per_prompt):
+        rows = [dataclasses.asdict(record(i, 4, 1.0, taus, 0.5)) for i, taus in enumerate(taus_per_prompt)]
+        path = tmp_path / name
+        path.write_text(json.dumps({"per_prompt": {"ar": rows, "dflash": rows}}))
+        return str(path)
+
+    before = write("before.json", [[1, 1], [2, 2], [3, 3]])  # mean 2, se 1/sqrt(3)
+    after = write("after.json", [[2, 2], [3, 3], [4, 4]])  # mean 3, same se
+    assert compare_runs.main([before, after]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[2].startswith("| dflash |")  # ar is the baseline, not compared
+    assert "| 2.00 +- 0.58 | 3.00 +- 0.58 | +1.00 | +1.2 |" in lines[2]  # z = 1 / hypot(0.577, 0.577)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(DFlashInputError, match="bad.json: not a results.json"):
+        compare_runs.main([str(tmp_path / "bad.json"), after])
 
 
 def test_aggregation_math_on_hand_made_numbers():
