@@ -1,0 +1,544 @@
+"""Test-only stand-in for the ``tensorrt`` 10.14 Python API (NVIDIA/TensorRT 10.14, commit 3b4ddc1d).
+
+Only what TensorRT-LLM's Python layer and this project call exists here, with the names
+of the real bindings: ``DataType`` and its module aliases, ``TensorLocation``,
+``TensorIOMode``, ``TensorRTPhase``, the plugin registry and ``PluginField(Collection)``,
+``INetworkDefinition`` (inputs, outputs, ``add_plugin_v3``), ``Builder`` /
+``IBuilderConfig`` / ``IOptimizationProfile``, ``Runtime`` / ``ICudaEngine`` /
+``IExecutionContext``.
+
+A network records its layers as calls into the emulated device (``_emu``); a
+"serialized engine" is that record, pickled; executing it evaluates the record on the
+bound tensors. Every other TensorRT layer kind is created by the stand-in
+``tensorrt_llm.functional`` through ``INetworkDefinition._standin_layer`` (private: the
+project never calls it).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from _emu import EmulationError, device_memory, physical_dtype
+from _emu.graph import Graph, LayerRecord, TensorRecord, evaluate
+
+__version__ = "10.14.1.48"
+
+
+# ------------------------------------------------------------------------------- enums
+
+
+class DataType(enum.Enum):
+    FLOAT = "float32"
+    HALF = "float16"
+    BF16 = "bfloat16"
+    INT8 = "int8"
+    INT32 = "int32"
+    INT64 = "int64"
+    BOOL = "bool"
+    UINT8 = "uint8"
+    FP8 = "fp8"
+
+    @property
+    def itemsize(self) -> int:
+        return {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int32": 4, "int64": 8, "bool": 1,
+                "uint8": 1, "fp8": 1}[self.value]
+
+
+float32 = DataType.FLOAT
+float16 = DataType.HALF
+bfloat16 = DataType.BF16
+int8 = DataType.INT8
+int32 = DataType.INT32
+int64 = DataType.INT64
+bool = DataType.BOOL  # noqa: A001  (tensorrt exports `bool`)
+uint8 = DataType.UINT8
+fp8 = DataType.FP8
+
+
+class TensorLocation(enum.Enum):
+    DEVICE = 0
+    HOST = 1
+
+
+class TensorIOMode(enum.Enum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+
+
+class TensorRTPhase(enum.Enum):
+    BUILD = 0
+    RUNTIME = 1
+
+
+class PluginFieldType(enum.Enum):
+    FLOAT16 = 0
+    FLOAT32 = 1
+    FLOAT64 = 2
+    INT8 = 3
+    INT16 = 4
+    INT32 = 5
+    CHAR = 6
+    DIMS = 7
+    UNKNOWN = 8
+    BF16 = 9
+    INT64 = 10
+
+
+class NetworkDefinitionCreationFlag(enum.IntEnum):
+    EXPLICIT_BATCH = 0
+    STRONGLY_TYPED = 5
+
+
+class Logger:
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
+    def __init__(self, min_severity: int = WARNING) -> None:
+        self.min_severity = min_severity
+
+
+# ------------------------------------------------------------------------------ plugins
+
+
+class PluginField:
+    def __init__(self, name: str = "", data: Any = None, type: PluginFieldType = PluginFieldType.UNKNOWN) -> None:  # noqa: A002
+        self.name, self.data, self.type = name, np.asarray(data) if data is not None else None, type
+
+
+class PluginFieldCollection(list):
+    """``trt.PluginFieldCollection(fields)``: a list of PluginField."""
+
+
+class IPluginRegistry:
+    """The process-wide registry: creators keyed exactly by (name, version, namespace),
+    as ``getCreator`` matches them (include/NvInferRuntimeCommon.h, IPluginRegistry)."""
+
+    def __init__(self) -> None:
+        self._creators: dict[tuple[str, str, str], Any] = {}
+        self._sources: list[Callable[[], list[tuple[Any, str]]]] = []
+
+    def register_creator(self, creator: Any, plugin_namespace: str = "") -> bool:
+        key = (creator.name, creator.plugin_version, plugin_namespace)
+        if key in self._creators:
+            return False
+        self._creators[key] = creator
+        return True
+
+    def add_dynamic_source(self, source: Callable[[], list[tuple[Any, str]]]) -> None:
+        """Creators that appear when a shared library is loaded (the stand-in's way to see a
+        library's static registrars run: ``source`` reports (creator, namespace) pairs)."""
+        self._sources.append(source)
+
+    def _all(self) -> dict[tuple[str, str, str], Any]:
+        found = dict(self._creators)
+        for source in self._sources:
+            for creator, namespace in source():
+                found.setdefault((creator.name, creator.plugin_version, namespace), creator)
+        return found
+
+    def get_creator(self, name: str, version: str, plugin_namespace: str = "") -> Any:
+        return self._all().get((name, version, plugin_namespace))
+
+    @property
+    def all_creators(self) -> list[Any]:
+        return list(self._all().values())
+
+
+_registry = IPluginRegistry()
+
+
+def get_plugin_registry() -> IPluginRegistry:
+    return _registry
+
+
+# ------------------------------------------------------------------------------ network
+
+
+class ITensor:
+    def __init__(self, network: INetworkDefinition, record: TensorRecord) -> None:
+        self._network, self._record = network, record
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._network._rename(self._record, value)
+
+    @property
+    def dtype(self) -> DataType:
+        return DataType(self._record.dtype)
+
+    @dtype.setter
+    def dtype(self, value: DataType) -> None:
+        if not isinstance(value, DataType):
+            raise TypeError(f"dtype must be a tensorrt.DataType, got {value!r}")
+        if self._record.producer is not None and value.value != self._record.dtype:
+            # Weakly typed networks may force an output type; the producer then converts.
+            self._record.forced_dtype = value.value
+        self._record.dtype = value.value
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._record.shape)
+
+    @shape.setter
+    def shape(self, value: Sequence[int]) -> None:
+        self._record.shape = tuple(int(v) for v in value)
+
+    @property
+    def location(self) -> TensorLocation:
+        return TensorLocation(self._record.location)
+
+    @location.setter
+    def location(self, value: TensorLocation) -> None:
+        # NvInfer.h (10.14), ITensor::setLocation: deprecated since 10.0, "the location must
+        # always be TensorLocation::kDEVICE"; a host location is refused when the engine is built.
+        warnings.warn("ITensor.location is deprecated since TensorRT 10.0 (location must be DEVICE)",
+                      DeprecationWarning, stacklevel=2)
+        self._record.location = value.value
+
+    @property
+    def is_network_input(self) -> bool:
+        return self._record.is_input
+
+    @property
+    def is_network_output(self) -> bool:
+        return self._record.is_output
+
+    @property
+    def is_shape_tensor(self) -> bool:
+        return False
+
+    def set_dimension_name(self, index: int, name: str) -> None:
+        self._record.dim_names[int(index)] = str(name)
+
+    def get_dimension_name(self, index: int) -> str | None:
+        return self._record.dim_names.get(int(index))
+
+    def __repr__(self) -> str:
+        return f"ITensor({self.name!r}, {self.dtype.value}, {self.shape})"
+
+
+class ILayer:
+    def __init__(self, network: INetworkDefinition, record: LayerRecord) -> None:
+        self._network, self._record = network, record
+
+    @property
+    def name(self) -> str:
+        return self._record.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._record.name = str(value)
+
+    @property
+    def type(self) -> str:
+        return self._record.kind
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self._record.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self._record.outputs)
+
+    def get_input(self, index: int) -> ITensor | None:
+        tid = self._record.inputs[index]
+        return None if tid is None else self._network._tensor(tid)
+
+    def get_output(self, index: int) -> ITensor:
+        return self._network._tensor(self._record.outputs[index])
+
+    @property
+    def precision(self) -> DataType:
+        return DataType(self._record.precision or self._network._graph.tensors[self._record.outputs[0]].dtype)
+
+    @precision.setter
+    def precision(self, value: DataType) -> None:
+        self._record.precision = value.value
+
+    def set_output_type(self, index: int, dtype: DataType) -> None:
+        self.get_output(index).dtype = dtype
+
+
+class INetworkDefinition:
+    def __init__(self, flags: int = 0) -> None:
+        self._graph = Graph()
+        self._flags = int(flags)
+        self._views: dict[int, ITensor] = {}
+
+    @property
+    def strongly_typed(self) -> bool:  # not a real property name; used by the stand-in Network
+        return bool(self._flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
+
+    def get_flag(self, flag: NetworkDefinitionCreationFlag) -> bool:
+        return bool(self._flags & (1 << int(flag)))
+
+    def _tensor(self, tid: int) -> ITensor:
+        view = self._views.get(tid)
+        if view is None:
+            view = self._views[tid] = ITensor(self, self._graph.tensors[tid])
+        return view
+
+    def _rename(self, record: TensorRecord, name: str) -> None:
+        self._graph.rename(record, name)
+
+    # -- public TensorRT API ---------------------------------------------------------
+    def add_input(self, name: str, dtype: DataType, shape: Sequence[int]) -> ITensor:
+        if not isinstance(dtype, DataType):
+            raise TypeError(f"add_input({name!r}): dtype must be a tensorrt.DataType, got {dtype!r}")
+        record = self._graph.add_input(name, dtype.value, tuple(int(d) for d in shape))
+        return self._tensor(record.tid)
+
+    def mark_output(self, tensor: ITensor) -> None:
+        self._graph.mark_output(tensor._record)
+
+    def unmark_output(self, tensor: ITensor) -> None:
+        self._graph.unmark_output(tensor._record)
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self._graph.inputs)
+
+    def get_input(self, index: int) -> ITensor:
+        return self._tensor(self._graph.inputs[index])
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self._graph.outputs)
+
+    def get_output(self, index: int) -> ITensor:
+        return self._tensor(self._graph.outputs[index])
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._graph.layers)
+
+    def get_layer(self, index: int) -> ILayer:
+        return ILayer(self, self._graph.layers[index])
+
+    def add_plugin_v3(self, inputs: Sequence[ITensor], shape_inputs: Sequence[ITensor], plugin: Any) -> ILayer:
+        """``INetworkDefinition::addPluginV3`` (NvInfer.h, 10.14)."""
+        if plugin is None:
+            raise TypeError("add_plugin_v3: plugin is None")
+        if list(shape_inputs):
+            raise EmulationError("the stand-in has no shape-input plugins")
+        records = [t._record for t in inputs]
+        in_types = [DataType(r.dtype) for r in records]
+        out_types = plugin.get_output_data_types(in_types)
+        out_shapes = plugin.get_output_shapes([tuple(r.shape) for r in records])
+        layer = self._graph.add_layer(
+            kind="PLUGIN_V3", fn=None, inputs=[r.tid for r in records],
+            outputs=[(t.value, s) for t, s in zip(out_types, out_shapes)], attrs={}, plugin=plugin,
+        )
+        return ILayer(self, layer)
+
+    # -- the stand-in's own layer factory (used by tensorrt_llm.functional only) ---------
+    def _standin_layer(self, kind: str, fn: Callable, inputs: Sequence[ITensor | None],
+                       outputs: Sequence[tuple[DataType, Sequence[int]]], attrs: dict | None = None,
+                       shape_args: Sequence[int] = ()) -> ILayer:
+        layer = self._graph.add_layer(
+            kind=kind, fn=fn, inputs=[None if t is None else t._record.tid for t in inputs],
+            outputs=[(d.value, tuple(int(x) for x in s)) for d, s in outputs], attrs=dict(attrs or {}),
+            shape_args=tuple(shape_args),
+        )
+        return ILayer(self, layer)
+
+
+# ------------------------------------------------------------------------------ builder
+
+
+class IOptimizationProfile:
+    def __init__(self) -> None:
+        self.shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]] = {}
+
+    def set_shape(self, input: str, min: Sequence[int], opt: Sequence[int], max: Sequence[int]) -> None:  # noqa: A002
+        lo, mid, hi = (tuple(int(v) for v in s) for s in (min, opt, max))
+        if not (len(lo) == len(mid) == len(hi)) or any(not a <= b <= c for a, b, c in zip(lo, mid, hi)):
+            raise EmulationError(f"profile for {input!r}: need min <= opt <= max, got {lo} {mid} {hi}")
+        self.shapes[input] = (lo, mid, hi)
+
+    def get_shape(self, input: str) -> list[tuple[int, ...]]:  # noqa: A002
+        return list(self.shapes[input])
+
+
+class IBuilderConfig:
+    def __init__(self) -> None:
+        self.profiles: list[IOptimizationProfile] = []
+        self.flags = 0
+
+    def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self.profiles)
+
+
+class Builder:
+    def __init__(self, logger: Logger | None = None) -> None:
+        self.logger = logger or Logger()
+
+    def create_network(self, flags: int = 0) -> INetworkDefinition:
+        return INetworkDefinition(flags)
+
+    def create_builder_config(self) -> IBuilderConfig:
+        return IBuilderConfig()
+
+    def create_optimization_profile(self) -> IOptimizationProfile:
+        return IOptimizationProfile()
+
+    def build_serialized_network(self, network: INetworkDefinition, config: IBuilderConfig) -> bytes:
+        """Validate, 'time' every plugin layer on builder-owned buffers (as TensorRT's
+        auto-tuner runs enqueue), and return the pickled record."""
+        graph = network._graph
+        problems = graph.validate(config.profiles)
+        if problems:
+            raise EmulationError("TensorRT refused the network:\n  " + "\n  ".join(problems))
+        graph.time_plugins(config.profiles)
+        return pickle.dumps({"graph": graph.freeze(), "profiles": [p.shapes for p in config.profiles]},
+                            protocol=pickle.HIGHEST_PROTOCOL)
+
+
+# ------------------------------------------------------------------------------ runtime
+
+
+class Runtime:
+    def __init__(self, logger: Logger | None = None) -> None:
+        self.logger = logger or Logger()
+
+    def deserialize_cuda_engine(self, serialized: bytes) -> ICudaEngine:
+        payload = pickle.loads(bytes(serialized))
+        graph: Graph = payload["graph"]
+        graph.recreate_plugins(_registry, TensorRTPhase.RUNTIME)  # creators must be registered now
+        return ICudaEngine(graph, payload["profiles"])
+
+
+class ICudaEngine:
+    def __init__(self, graph: Graph, profiles: list[dict]) -> None:
+        self._graph, self._profiles = graph, profiles
+        self._io = [graph.tensors[t].name for t in graph.inputs] + [graph.tensors[t].name for t in graph.outputs]
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(self._io)
+
+    def get_tensor_name(self, index: int) -> str:
+        return self._io[index]
+
+    def _record(self, name: str) -> TensorRecord:
+        record = self._graph.io_record(name)
+        if record is None:
+            raise KeyError(f"engine has no I/O tensor {name!r}")
+        return record
+
+    def get_tensor_mode(self, name: str) -> TensorIOMode:
+        record = self._graph.io_record(name)
+        if record is None:
+            return TensorIOMode.NONE
+        return TensorIOMode.INPUT if record.is_input else TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name: str) -> DataType:
+        return DataType(self._record(name).dtype)
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._record(name).shape)
+
+    def get_tensor_location(self, name: str) -> TensorLocation:
+        return TensorLocation(self._record(name).location)
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self._profiles)
+
+    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
+        return list(self._profiles[profile_index][name])
+
+    def create_execution_context(self) -> IExecutionContext:
+        return IExecutionContext(self)
+
+
+class IExecutionContext:
+    def __init__(self, engine: ICudaEngine) -> None:
+        self.engine = engine
+        self._profile = 0
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._addresses: dict[str, int] = {}
+        self._inferred: tuple[tuple, dict[int, tuple[int, ...]]] | None = None
+
+    @property
+    def active_optimization_profile(self) -> int:
+        return self._profile
+
+    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+        if not 0 <= profile_index < self.engine.num_optimization_profiles:
+            return False
+        self._profile = int(profile_index)
+        self._inferred = None
+        return True
+
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> bool:
+        """False (TensorRT logs an error) for an unknown input or a shape outside the active profile."""
+        record = self.engine._graph.io_record(name)
+        if record is None or not record.is_input:
+            return False
+        shape = tuple(int(d) for d in shape)
+        lo, _, hi = self.engine._profiles[self._profile][name]
+        if len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi)):
+            return False
+        self._shapes[name] = shape
+        self._inferred = None
+        return True
+
+    def _infer(self) -> dict[int, tuple[int, ...]]:
+        key = tuple(sorted(self._shapes.items()))
+        if self._inferred is None or self._inferred[0] != key:
+            missing = [self.engine._graph.tensors[t].name for t in self.engine._graph.inputs
+                       if self.engine._graph.tensors[t].name not in self._shapes]
+            if missing:
+                raise EmulationError(f"input shapes not set: {missing}")
+            self._inferred = (key, self.engine._graph.infer_shapes(self._shapes))
+        return self._inferred[1]
+
+    def get_tensor_shape(self, name: str) -> tuple[int, ...]:
+        record = self.engine._record(name)
+        if record.is_input:
+            return self._shapes.get(name, tuple(record.shape))
+        return tuple(self._infer()[record.tid])
+
+    def set_tensor_address(self, name: str, memory: int) -> bool:
+        if self.engine._graph.io_record(name) is None:
+            return False
+        self._addresses[name] = int(memory)
+        return True
+
+    def get_tensor_address(self, name: str) -> int:
+        return self._addresses.get(name, 0)
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        graph = self.engine._graph
+        shapes = self._infer()
+        bound: dict[int, torch.Tensor] = {}
+        for tid in list(graph.inputs) + list(graph.outputs):
+            record = graph.tensors[tid]
+            if record.name not in self._addresses:
+                raise EmulationError(f"no address set for {'input' if record.is_input else 'output'} {record.name!r}")
+            shape = self._shapes[record.name] if record.is_input else shapes[tid]
+            bound[tid] = device_memory.view(self._addresses[record.name], tuple(shape), physical_dtype(record.dtype))
+        evaluate(graph, bound, shapes, seed=int(os.environ.get("TRTLLM_STANDIN_SCHEDULE_SEED", "0")))
+        return True

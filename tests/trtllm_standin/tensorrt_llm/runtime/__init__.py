@@ -1,0 +1,1 @@
+from .session import Session, TensorInfo  # noqa: F401
