@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 LIBRARY_NAME = "libdflash_plugins_cpu.so"
 LIBRARY_ENV_VAR = "DFLASH_PLUGIN_LIB"
 #: Must match kAbiVersion in plugins/src/cpu/dflash_cpu.cpp.
-ABI_VERSION = 1
+ABI_VERSION = 2
 REPO_BUILD_DIR = Path(__file__).resolve().parent.parent / "plugins" / "build"
 
 # Status codes of plugins/include/dflash/common.h (part of the ABI).
@@ -85,7 +85,8 @@ _SIGNATURES = {
     "dflash_abi_version": (_i32, []),
     "dflash_max_tree_nodes": (_i32, []),
     "dflash_error_string": (ctypes.c_char_p, [_i32]),
-    "dflash_tree_mask_cpu": (_i32, [_I32P, _I32P, _i32, _i32, _I32P, _I32P, _I32P, _DETAILP]),
+    "dflash_tree_mask_cpu": (_i32, [_I32P, _I32P, _i32, _i32, _i32, _I32P, _I32P, _I32P, _DETAILP]),
+    "dflash_enqueue_skipped_while_building": (_i32, []),
     "dflash_kv_compact_linear_cpu": (
         _i32,
         [_VPP, _i32, _i32, _i32, _i32, _i32, _I32P, _I32P, _i32, _I32P, _DETAILP],
@@ -99,7 +100,7 @@ _SIGNATURES = {
         _i32,
         [ctypes.c_void_p, _i64, _i64, _i64, _i32, _I32P, _i32, _DETAILP],
     ),
-    "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _I32P, _I32P, _I32P]),
+    "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _i32, _I32P, _I32P, _I32P]),
     "dflash_emulate_kv_compact_linear_kernel": (
         _i32,
         [_VPP, _i32, _i32, _i32, _i32, _i32, _I32P, _I32P, _i32, _I32P],
@@ -218,7 +219,11 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
     seq_suffix = f"[{seq}]" if batched and seq >= 0 else ""
     messages = {
         ERR_BATCH_OUT_OF_RANGE: f"batch={value} must not be negative",
-        ERR_TREE_TOO_LARGE: f"tree size N={value} is out of range 1..{MAX_TREE_NODES}",
+        ERR_TREE_TOO_LARGE: (
+            f"tree size N={value} is out of range 1..{MAX_TREE_NODES}"
+            if value == context.get("num_nodes", value)
+            else f"max_nodes={value} is out of range N={context.get('num_nodes')}..{MAX_TREE_NODES}"
+        ),
         ERR_LENGTH_OUT_OF_RANGE: (
             f"generation_lengths[{seq}]={value} is out of range 1..N={context.get('num_nodes')}"
         ),
@@ -320,14 +325,16 @@ def _pad_accepted(
 def tree_mask_cpu(
     parents: np.ndarray | Sequence[Sequence[int]],
     generation_lengths: np.ndarray | Sequence[int],
+    max_nodes: int | None = None,
     *,
     implementation: str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """DFlashTreeMask on the CPU: ``(packed_mask, position_offsets, generation_lengths)``.
 
     Same contract and result as :func:`tensorrt_llm_dflash.tree.batched_tree_inputs`:
-    ``parents`` int32 ``[batch, N]``, ``generation_lengths`` ``[batch]``; returns int32
-    ``[batch, N, ceil(N/32)]``, ``[batch, N]`` and ``[batch]``.
+    ``parents`` int32 ``[batch, N]``, ``generation_lengths`` ``[batch]``, ``max_nodes``
+    M (default N); returns int32 ``[batch * N, ceil(M/32)]`` (rows packed by length),
+    ``[batch, M]`` and ``[batch]``.
     ``implementation="gpu-emulation"`` runs the CUDA kernel's body instead (tests).
     """
     lib = load_library()
@@ -339,27 +346,37 @@ def tree_mask_cpu(
         raise DFlashInputError(
             f"generation_lengths has {lengths32.shape[0]} entries for a batch of {batch}"
         )
-    # N is checked by the library (DFLASH_ERR_TREE_TOO_LARGE); max(.., 1) only keeps
-    # the output allocation valid for N = 0.
-    words = max((num_nodes + 31) // 32, 1)
-    packed = np.zeros((batch, num_nodes, words), dtype=np.int32)
-    offsets = np.zeros((batch, num_nodes), dtype=np.int32)
+    max_nodes = num_nodes if max_nodes is None else int(max_nodes)
+    # N and M are checked by the library (DFLASH_ERR_TREE_TOO_LARGE); max(.., 1) only keeps
+    # the output allocation valid for out-of-range sizes.
+    words = max((max(max_nodes, 1) + 31) // 32, 1)
+    packed = np.zeros((batch * max(num_nodes, 0), words), dtype=np.int32)
+    offsets = np.zeros((batch, max(max_nodes, 0)), dtype=np.int32)
     lengths_out = np.zeros(batch, dtype=np.int32)
     if implementation == "gpu-emulation":
         code = lib.dflash_emulate_tree_mask_kernel(
-            _ptr(parents32), _ptr(lengths32), batch, num_nodes,
+            _ptr(parents32), _ptr(lengths32), batch, num_nodes, max_nodes,
             _ptr(packed), _ptr(offsets), _ptr(lengths_out),
         )
         if code != OK:  # the only thing the kernel launcher refuses
-            raise DFlashInputError(f"tree size N={num_nodes} is out of range 1..{MAX_TREE_NODES}")
+            raise DFlashInputError(
+                f"tree size N={num_nodes} / max_nodes={max_nodes} is out of range (1 <= N <= max_nodes <= "
+                f"{MAX_TREE_NODES})"
+            )
         return packed, offsets, lengths_out
     detail = _ErrorDetail()
     code = lib.dflash_tree_mask_cpu(
-        _ptr(parents32), _ptr(lengths32), batch, num_nodes,
+        _ptr(parents32), _ptr(lengths32), batch, num_nodes, max_nodes,
         _ptr(packed), _ptr(offsets), _ptr(lengths_out), ctypes.byref(detail),
     )
     _raise_for(code, detail, {"num_nodes": num_nodes, "lengths": lengths32})
     return packed, offsets, lengths_out
+
+
+def enqueue_skipped_while_building() -> bool:
+    """What the TensorRT plugins' enqueue() decides (plugins/include/dflash/enqueue_guard.h):
+    True while TensorRT builds (``IS_BUILDING=1``), when they must not touch memory."""
+    return bool(load_library().dflash_enqueue_skipped_while_building())
 
 
 # ------------------------------------------------------------------------ compaction

@@ -195,13 +195,20 @@ def unpack_mask(packed: np.ndarray, num_nodes: int) -> np.ndarray:
 
 
 def batched_tree_inputs(
-    parents: np.ndarray, generation_lengths: np.ndarray
+    parents: np.ndarray, generation_lengths: np.ndarray, max_nodes: int | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Batched ``spec_decoding_*`` tensors from padded parents ``[batch, N]``.
+    """The gpt attention plugin's ``spec_decoding_*`` tensors from padded parents ``[batch, N]``.
 
-    Returns ``(packed_mask [batch, N, ceil(N/32)], position_offsets [batch, N],
-    generation_lengths [batch])``, all int32. Rows and offsets beyond a sequence's
-    length are zero. This is the contract of the DFlashTreeMask plugin.
+    ``max_nodes`` (M >= N, default N) is the engine's ``spec_decoding_max_generation_length``
+    (``max_draft_len + 1``). Returns, all int32, in the layout TensorRT-LLM's XQA kernels read:
+
+    * packed mask ``[batch * N, ceil(M/32)]``: node i of sequence b is row ``cu[b] + i``
+      (``cu`` the exclusive prefix sum of the lengths: rows packed tightly, as the tokens
+      are); the rows from ``sum(lengths)`` on are zero;
+    * position offsets ``[batch, M]``: node depths, zero past each length;
+    * generation lengths ``[batch]``.
+
+    This is the contract of the DFlashTreeMask plugin (docs/plugins.md has the kernel sources).
     """
     parents = np.asarray(parents, dtype=np.int32)
     lengths = np.asarray(generation_lengths, dtype=np.int32).reshape(-1)
@@ -210,15 +217,20 @@ def batched_tree_inputs(
         raise DFlashInputError(
             f"generation_lengths has {lengths.shape[0]} entries for a batch of {batch}"
         )
-    words = (n + 31) // 32
-    packed = np.zeros((batch, n, words), dtype=np.int32)
-    offsets = np.zeros((batch, n), dtype=np.int32)
+    max_nodes = n if max_nodes is None else int(max_nodes)
+    if not n <= max_nodes <= MAX_TREE_NODES:
+        raise DFlashInputError(f"max_nodes={max_nodes} must be between N={n} and {MAX_TREE_NODES}")
+    words = (max_nodes + 31) // 32
+    packed = np.zeros((batch * n, words), dtype=np.int32)
+    offsets = np.zeros((batch, max_nodes), dtype=np.int32)
+    row = 0
     for b in range(batch):
         length = int(lengths[b])
         validate_parents(parents[b], length)
-        vis = visibility(parents[b, :length])
-        packed[b, :length, : (length + 31) // 32] = packed_mask(vis)
+        rows = packed_mask(visibility(parents[b, :length]))
+        packed[row : row + length, : rows.shape[1]] = rows
         offsets[b, :length] = depths_from_parents(parents[b, :length])
+        row += length
     return packed, offsets, lengths.copy()
 
 

@@ -34,14 +34,17 @@ IMPLEMENTATIONS = pytest.mark.parametrize("implementation", kernels.IMPLEMENTATI
 
 @IMPLEMENTATIONS
 @pytest.mark.parametrize("num_nodes", [1, 2, 31, 32, 33, 64, 65, 257, 1000, 1023, 1024])
+@pytest.mark.parametrize("extra", [0, 1, 40])
 def test_tree_mask_matches_reference_bit_for_bit(
-    cpu_library: ctypes.CDLL, num_nodes: int, implementation: str
+    cpu_library: ctypes.CDLL, num_nodes: int, extra: int, implementation: str
 ) -> None:
+    """max_nodes = N + extra: the engine's max generation length above this step's tree."""
     rng = np.random.default_rng(num_nodes)
     batch = 3
     parents, lengths = random_batch(rng, batch, num_nodes)
-    expected = tree.batched_tree_inputs(parents, lengths)
-    got = kernels.tree_mask_cpu(parents, lengths, implementation=implementation)
+    max_nodes = min(num_nodes + extra, tree.MAX_TREE_NODES)
+    expected = tree.batched_tree_inputs(parents, lengths, max_nodes)
+    got = kernels.tree_mask_cpu(parents, lengths, max_nodes, implementation=implementation)
     for name, e, g in zip(("packed_mask", "position_offsets", "generation_lengths"), expected, got):
         assert g.dtype == np.int32 and g.shape == e.shape, name
         np.testing.assert_array_equal(g, e, err_msg=name)
@@ -63,7 +66,7 @@ def test_tree_mask_chain_star_and_root_only(cpu_library: ctypes.CDLL, implementa
         np.testing.assert_array_equal(g, e)
     # A chain sees everything before it; its depth is its index.
     np.testing.assert_array_equal(got[1][0], np.arange(n))
-    assert tree.unpack_mask(got[0][0], n)[n - 1].all()
+    assert tree.unpack_mask(got[0][:n], n)[n - 1].all()  # the chain's rows come first
 
 
 @IMPLEMENTATIONS
@@ -73,8 +76,10 @@ def test_tree_mask_many_random_batches(cpu_library: ctypes.CDLL, implementation:
         num_nodes = int(rng.integers(1, 300))
         batch = int(rng.integers(1, 6))
         parents, lengths = random_batch(rng, batch, num_nodes)
-        expected = tree.batched_tree_inputs(parents, lengths)
-        for e, g in zip(expected, kernels.tree_mask_cpu(parents, lengths, implementation=implementation)):
+        max_nodes = int(rng.integers(num_nodes, 301))
+        expected = tree.batched_tree_inputs(parents, lengths, max_nodes)
+        got = kernels.tree_mask_cpu(parents, lengths, max_nodes, implementation=implementation)
+        for e, g in zip(expected, got):
             np.testing.assert_array_equal(g, e)
 
 
@@ -85,27 +90,32 @@ def test_gpu_kernel_stays_in_bounds_on_bad_trees(cpu_library: ctypes.CDLL) -> No
     the kernel's own per-thread body).
     """
     rng = np.random.default_rng(13)
-    batch, n = 4, 100
+    batch, n, m = 4, 100, 130
     parents = rng.integers(-5, 3 * n, size=(batch, n), dtype=np.int32)  # cycles, forward edges, junk
     parents[1, 5] = 5  # self loop
     lengths = np.array([n, -3, n + 50, 40], dtype=np.int32)
-    words = (n + 31) // 32
+    words = (m + 31) // 32
     guard = 7
     packed = np.full(batch * n * words + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
-    offsets = np.full(batch * n + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
+    offsets = np.full(batch * m + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
     out = np.full(batch + 2 * guard, 0x5A5A5A5A, dtype=np.int32)
     p = ctypes.POINTER(ctypes.c_int32)
     code = cpu_library.dflash_emulate_tree_mask_kernel(
-        parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n,
+        parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n, m,
         packed[guard:].ctypes.data_as(p), offsets[guard:].ctypes.data_as(p), out[guard:].ctypes.data_as(p),
     )
     assert code == kernels.OK
     for array in (packed, offsets, out):
         assert (array[:guard] == 0x5A5A5A5A).all() and (array[-guard:] == 0x5A5A5A5A).all()
+    assert not (packed[guard:-guard] == 0x5A5A5A5A).any(), "every output word is written"
+    assert not (offsets[guard:-guard] == 0x5A5A5A5A).any()
     np.testing.assert_array_equal(out[guard:-guard], lengths)  # passed through untouched
-    rows = packed[guard:-guard].reshape(batch, n, words)
-    assert not rows[1].any()  # negative length: every row zero
-    assert rows[0, 5, 0] & (1 << 5)  # a row always contains its own node
+    rows = packed[guard:-guard].reshape(batch * n, words)
+    # Lengths clamp to 0..N: sequence 0 owns rows 0..99, sequence 1 none, sequence 2 rows 100..199.
+    assert rows[5, 0] & (1 << 5)  # a row always contains its own node
+    assert rows[100, 0] & 1 and rows[100 + 7, 0] & (1 << 7)
+    assert not rows[2 * n + 40:].any()  # past the clamped lengths: zero rows
+    assert not offsets[guard:-guard].reshape(batch, m)[1].any()  # negative length: no depths
 
 
 def _bad_tree(parents_row: list[int], length: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -152,6 +162,22 @@ def test_tree_mask_too_many_nodes_raises(cpu_library: ctypes.CDLL) -> None:
     assert _raw_tree_mask_code(cpu_library, parents, lengths) == kernels.ERR_TREE_TOO_LARGE
     with pytest.raises(DFlashInputError, match=r"tree size N=1025 is out of range 1\.\.1024"):
         kernels.tree_mask_cpu(parents, lengths)
+    small = random_parents(np.random.default_rng(0), 8)[None, :]
+    for bad in (7, 1025):
+        with pytest.raises(DFlashInputError, match=rf"max_nodes={bad} is out of range N=8\.\.1024"):
+            kernels.tree_mask_cpu(small, [8], bad)
+        with pytest.raises(DFlashInputError, match="out of range"):
+            kernels.tree_mask_cpu(small, [8], bad, implementation="gpu-emulation")
+
+
+def test_enqueue_guard_follows_is_building(cpu_library: ctypes.CDLL, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plugins' enqueue guard (enqueue_guard.h), as the CPU library exports it."""
+    monkeypatch.delenv("IS_BUILDING", raising=False)
+    assert kernels.enqueue_skipped_while_building() is False
+    monkeypatch.setenv("IS_BUILDING", "1")
+    assert kernels.enqueue_skipped_while_building() is True
+    monkeypatch.setenv("IS_BUILDING", "0")
+    assert kernels.enqueue_skipped_while_building() is False
 
 
 def test_tree_mask_error_in_second_sequence_names_it(cpu_library: ctypes.CDLL) -> None:
@@ -181,12 +207,12 @@ def _raw_tree_mask_code(lib: ctypes.CDLL, parents: np.ndarray, lengths: np.ndarr
     lengths = np.ascontiguousarray(lengths, dtype=np.int32)
     batch, n = parents.shape
     words = max((n + 31) // 32, 1)
-    packed = np.zeros((batch, n, words), dtype=np.int32)
+    packed = np.zeros((batch * n, words), dtype=np.int32)
     offsets = np.zeros((batch, n), dtype=np.int32)
     out = np.zeros(batch, dtype=np.int32)
     p = ctypes.POINTER(ctypes.c_int32)
     return lib.dflash_tree_mask_cpu(
-        parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n,
+        parents.ctypes.data_as(p), lengths.ctypes.data_as(p), batch, n, n,
         packed.ctypes.data_as(p), offsets.ctypes.data_as(p), out.ctypes.data_as(p), None,
     )
 

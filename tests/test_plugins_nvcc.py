@@ -99,11 +99,13 @@ def test_trt_plugin_compiles_against_headers(source: Path, tmp_path: Path) -> No
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_trt_plugin_classes_host_test(tmp_path: Path) -> None:
     """Build and run plugins/tests/trt_plugin_host_test.cpp: creators, fields, serialisation,
-    clone, capability interfaces, types, formats and shape checks, on the host
-    (links cudart statically, not libnvinfer; launches no kernel)."""
+    clone, capability interfaces, types, formats and shape checks, enqueue doing nothing while
+    TensorRT builds, and registration under one namespace (initDFlashPlugins against a
+    recording registry), on the host (links cudart statically, not libnvinfer; launches no kernel)."""
     executable = tmp_path / "trt_plugin_host_test"
     sources = [PLUGINS / "tests" / "trt_plugin_host_test.cpp"] + [
-        PLUGINS / "src" / "trt" / name for name in ("plugin_fields.cpp", "tree_mask_plugin.cpp", "kv_compact_plugin.cpp")
+        PLUGINS / "src" / "trt" / name
+        for name in ("plugin_fields.cpp", "tree_mask_plugin.cpp", "kv_compact_plugin.cpp", "plugin_registration.cpp")
     ] + CUDA_SOURCES
     command = [
         NVCC, "-std=c++17", "-gencode", "arch=compute_80,code=sm_80",
@@ -144,11 +146,12 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
     detail = kernels._ErrorDetail()
     fn = library.dflash_tree_mask_cuda
     fn.restype = ctypes.c_int32
-    # N = 0 is refused by the launcher before any CUDA call.
-    assert fn(None, None, 1, 0, None, None, None, None, ctypes.byref(detail)) == kernels.ERR_BAD_GEOMETRY
+    # N = 0, or max_nodes < N, is refused by the launcher before any CUDA call.
+    assert fn(None, None, 1, 0, 4, None, None, None, None, ctypes.byref(detail)) == kernels.ERR_BAD_GEOMETRY
+    assert fn(None, None, 1, 8, 4, None, None, None, None, ctypes.byref(detail)) == kernels.ERR_BAD_GEOMETRY
     # batch = 0 launches nothing.
-    assert fn(None, None, 0, 4, None, None, None, None, ctypes.byref(detail)) == kernels.OK
+    assert fn(None, None, 0, 4, 4, None, None, None, None, ctypes.byref(detail)) == kernels.OK
     if Path("/dev/nvidia0").exists():
         return  # a real launch on null pointers would fault the device: stop here
-    code = fn(None, None, 1, 4, None, None, None, None, ctypes.byref(detail))
+    code = fn(None, None, 1, 4, 4, None, None, None, None, ctypes.byref(detail))
     assert code == kernels.ERR_CUDA and detail.value != 0

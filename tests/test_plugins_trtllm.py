@@ -1,21 +1,22 @@
-"""tensorrt_llm_dflash.trtllm.plugins without TensorRT: attributes, loading, wiring.
+"""tensorrt_llm_dflash.trtllm.plugins: attributes, library loading and registration, insertion.
 
-TensorRT and TensorRT-LLM are not installed here, so the network insertion is checked
-against stand-in modules that record the calls (registry lookup, create_plugin phase,
-add_plugin_v3 arguments, output wrapping). The attribute names and order are checked
-against the C++ creators' field tables.
+The insertion runs against the TensorRT / TensorRT-LLM stand-in (tests/trtllm_standin): the
+plugins are created from the registry under the namespace the library registered, added to a
+network with ``add_plugin_v3`` and wrapped as TensorRT-LLM tensors, exactly as in a build.
+The attribute names, order, defaults and ranges are the C++ creators' tables.
 """
 
 from __future__ import annotations
 
+import ctypes
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+import standin
 
 from tensorrt_llm_dflash.errors import DFlashInputError
 from tensorrt_llm_dflash.trtllm import plugins
@@ -56,13 +57,10 @@ def test_kv_compact_fields_values() -> None:
         paged=True, num_layers=32, num_kv_heads=8, head_size=128, kv_cache_dtype="float16", tokens_per_block=32
     )
     assert paged == {
-        "layout": 1, "num_layers": 32, "num_kv_heads": 8, "head_size": 128,
-        "elem_bytes": 2, "tokens_per_block": 32, "max_seq_len": 0,
+        "layout": 1, "num_layers": 32, "num_kv_heads": 8, "head_size": 128, "elem_bytes": 2, "tokens_per_block": 32,
     }
-    linear = plugins.kv_compact_fields(
-        paged=False, num_layers=2, num_kv_heads=4, head_size=64, kv_cache_dtype="fp8", max_seq_len=4096
-    )
-    assert linear["layout"] == 0 and linear["elem_bytes"] == 1 and linear["max_seq_len"] == 4096
+    linear = plugins.kv_compact_fields(paged=False, num_layers=2, num_kv_heads=4, head_size=64, kv_cache_dtype="fp8")
+    assert linear["layout"] == 0 and linear["elem_bytes"] == 1
 
 
 @pytest.mark.parametrize(
@@ -81,11 +79,6 @@ def test_kv_compact_fields_refuse_bad_attributes(kwargs: dict, fragment: str) ->
         plugins.kv_compact_fields(**args)
 
 
-def test_linear_layout_needs_max_seq_len() -> None:
-    with pytest.raises(DFlashInputError, match="max_seq_len=0 must be >= 1"):
-        plugins.kv_compact_fields(paged=False, num_layers=1, num_kv_heads=1, head_size=8, kv_cache_dtype=2)
-
-
 def test_tree_mask_fields_range() -> None:
     assert plugins.tree_mask_fields(64) == {"max_nodes": 64}
     with pytest.raises(DFlashInputError, match=r"max_nodes=1025 is out of range 1\.\.1024"):
@@ -97,107 +90,121 @@ def test_load_plugin_library_missing_says_how_to_build(tmp_path: Path) -> None:
         plugins.load_plugin_library(tmp_path / "nope.so")
 
 
-# ------------------------------------------------------------- stand-in modules
-
-
-class _Recorder:
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-
-def _fake_tensorrt(recorder: _Recorder, registered: bool = True) -> types.ModuleType:
-    trt = types.ModuleType("tensorrt")
-
-    class PluginField:
-        def __init__(self, name: str, data: np.ndarray, kind: str) -> None:
-            self.name, self.data, self.type = name, data, kind
-
-    class Creator:
-        def create_plugin(self, name: str, collection: list, phase: str) -> dict:
-            recorder.calls.append(("create_plugin", name, phase, {f.name: f.data for f in collection}))
-            return {"plugin": name}
-
-    class Registry:
-        def get_creator(self, name: str, version: str, namespace: str) -> Creator | None:
-            recorder.calls.append(("get_creator", name, version, namespace))
-            return Creator() if registered else None
-
-    trt.PluginField = PluginField
-    trt.PluginFieldCollection = list
-    trt.PluginFieldType = types.SimpleNamespace(INT32="INT32")
-    trt.TensorRTPhase = types.SimpleNamespace(BUILD="BUILD")
-    trt.get_plugin_registry = Registry
-    return trt
-
-
-def _fake_tensorrt_llm(recorder: _Recorder) -> dict[str, types.ModuleType]:
-    class Layer:
-        def get_output(self, index: int) -> str:
-            return f"out{index}"
-
-    class Network:
-        def add_plugin_v3(self, inputs: list, shape_inputs: list, plugin: dict) -> Layer:
-            recorder.calls.append(("add_plugin_v3", inputs, shape_inputs, plugin))
-            return Layer()
-
-    common = types.ModuleType("tensorrt_llm._common")
-    common.default_trtnet = Network
-    functional = types.ModuleType("tensorrt_llm.functional")
-    functional._create_tensor = lambda trt_tensor, producer: ("Tensor", trt_tensor)
-    return {"tensorrt_llm": types.ModuleType("tensorrt_llm"), "tensorrt_llm._common": common,
-            "tensorrt_llm.functional": functional}
-
-
-def _tensor(name: str) -> types.SimpleNamespace:
-    return types.SimpleNamespace(trt_tensor=name)
+def test_library_without_init_function_is_refused(tmp_path: Path) -> None:
+    """An old library (REGISTER_TENSORRT_PLUGIN, namespace "") has no initDFlashPlugins."""
+    source = tmp_path / "old.c"
+    source.write_text("int dflash_something_else(void) { return 0; }\n")
+    library = tmp_path / "libold.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    with pytest.raises(RuntimeError, match="has no initDFlashPlugins: rebuild plugins/"):
+        plugins.load_plugin_library(library)
 
 
 @pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
-    rec = _Recorder()
-    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(rec))
-    for name, module in _fake_tensorrt_llm(rec).items():
-        monkeypatch.setitem(sys.modules, name, module)
-    return rec
+def network(tmp_path: Path):
+    """A stand-in TensorRT-LLM network under construction, with the plugin library loaded."""
+    with standin.active(tmp_path / "lib"):
+        import tensorrt as trt
+        from tensorrt_llm.builder import Builder
+        from tensorrt_llm.network import net_guard
+
+        plugins.load_plugin_library()
+        net = Builder().create_network()
+        with net_guard(net):
+            yield trt, net
 
 
-def test_tree_mask_inserts_v3_plugin(recorder: _Recorder) -> None:
-    outputs = plugins.tree_mask(_tensor("parents"), _tensor("lengths"), max_nodes=128)
-    assert outputs == (("Tensor", "out0"), ("Tensor", "out1"), ("Tensor", "out2"))
-    get_creator, create, add = recorder.calls
-    assert get_creator == ("get_creator", "DFlashTreeMask", "1", "dflash")
-    assert create[:3] == ("create_plugin", "dflash_tree_mask", "BUILD")
-    assert create[3]["max_nodes"].dtype == np.int32 and create[3]["max_nodes"].tolist() == [128]
-    assert add == ("add_plugin_v3", ["parents", "lengths"], [], {"plugin": "dflash_tree_mask"})
+def _input(name: str, dtype, shape):
+    from tensorrt_llm.functional import Tensor
+
+    return Tensor(name=name, dtype=dtype, shape=shape)
 
 
-def test_kv_compact_paged_inserts_v3_plugin(recorder: _Recorder) -> None:
+def test_namespace_of_registration_lookup_and_plugins_agree(network) -> None:
+    """Defect 5 of docs/trtllm_engine.md: registered, looked up and reported under one namespace."""
+    trt, _ = network
+    registry = trt.get_plugin_registry()
+    for name in (plugins.TREE_MASK_PLUGIN, plugins.KV_COMPACT_PLUGIN):
+        creator = registry.get_creator(name, plugins.PLUGIN_VERSION, plugins.PLUGIN_NAMESPACE)
+        assert creator is not None and creator.plugin_namespace == plugins.PLUGIN_NAMESPACE
+        assert registry.get_creator(name, plugins.PLUGIN_VERSION, "") is None  # not under ""
+    parents = _input("parents", trt.int32, [1, -1])
+    lengths = _input("lengths", trt.int32, [1])
+    packed, offsets, lengths_out = plugins.tree_mask(parents, lengths, max_nodes=49)
+    layer = packed.producer
+    assert layer.type == "PLUGIN_V3"
+    plugin = layer._record.plugin
+    assert (plugin.plugin_name, plugin.plugin_version, plugin.plugin_namespace) == (
+        "DFlashTreeMask", "1", "dflash")
+    # The layout the attention kernels read: ceil(49 / 32) = 2 words per row, offsets 49 wide.
+    assert packed.shape == (-1, 2) and offsets.shape == (1, 49) and lengths_out.shape == (1,)
+    assert [f.name for f in plugin.get_fields_to_serialize()] == ["max_nodes"]
+
+
+def test_kv_compact_linear_takes_the_caches_as_inputs(network) -> None:
+    trt, _ = network
+    accepted = _input("accepted", trt.int32, [1, 4])
+    num = _input("num", trt.int32, [1])
+    past = _input("past", trt.int32, [1])
+    caches = [_input(f"kv{i}", trt.bfloat16, [1, 2, 2, 128, 64]) for i in range(3)]
+    committed = plugins.kv_compact_linear(accepted, num, past, caches, num_kv_heads=2, head_size=64,
+                                          kv_cache_dtype="bfloat16")
+    layer = committed.producer
+    assert [layer.get_input(i).name for i in range(layer.num_inputs)] == ["accepted", "num", "past", "kv0", "kv1",
+                                                                          "kv2"]
+    values = {f.name: int(np.asarray(f.data).reshape(-1)[0]) for f in layer._record.plugin.get_fields_to_serialize()}
+    assert values == {"layout": 0, "num_layers": 3, "num_kv_heads": 2, "head_size": 64, "elem_bytes": 2,
+                      "tokens_per_block": 64}
+    assert committed.dtype == trt.int32 and committed.shape == (1,)
+
+
+def test_kv_compact_paged_takes_the_pool_tables(network) -> None:
+    trt, _ = network
     names = ["accepted", "num_accepted", "past", "offsets", "pool_pointers", "pool_mapping"]
-    committed = plugins.kv_compact_paged(
-        *[_tensor(n) for n in names], num_layers=4, num_kv_heads=2, head_size=64,
-        kv_cache_dtype="bfloat16", tokens_per_block=16,
-    )
-    assert committed == ("Tensor", "out0")
-    _, create, add = recorder.calls
-    assert {k: v.tolist() for k, v in create[3].items()} == {
-        "layout": [1], "num_layers": [4], "num_kv_heads": [2], "head_size": [64],
-        "elem_bytes": [2], "tokens_per_block": [16], "max_seq_len": [0],
-    }
-    assert add[1] == names and add[2] == []
+    shapes = [[1, 4], [1], [1], [1, 1, 2, 8], [1, 2], [4, 2]]
+    dtypes = [trt.int32] * 4 + [trt.int64, trt.int32]
+    tensors = [_input(n, d, s) for n, d, s in zip(names, dtypes, shapes)]
+    committed = plugins.kv_compact_paged(*tensors, num_layers=4, num_kv_heads=2, head_size=64,
+                                         kv_cache_dtype="bfloat16", tokens_per_block=16)
+    layer = committed.producer
+    assert [layer.get_input(i).name for i in range(layer.num_inputs)] == names
 
 
-def test_kv_compact_linear_inserts_v3_plugin(recorder: _Recorder) -> None:
-    names = ["accepted", "num_accepted", "past", "layer_pointers"]
-    plugins.kv_compact_linear(
-        *[_tensor(n) for n in names], num_layers=2, num_kv_heads=2, head_size=8,
-        kv_cache_dtype="float32", max_seq_len=256,
-    )
-    _, create, add = recorder.calls
-    assert create[3]["layout"].tolist() == [0] and create[3]["max_seq_len"].tolist() == [256]
-    assert add[1] == names
+def test_wrong_cache_dtype_is_refused_when_inserted(network) -> None:
+    """The creator's elem_bytes must match the caches' element size (getOutputDataTypes)."""
+    trt, _ = network
+    from _emu import EmulationError
+
+    tensors = [_input(n, trt.int32, s) for n, s in (("a", [1, 4]), ("n", [1]), ("p", [1]))]
+    caches = [_input("kv0", trt.float32, [1, 2, 2, 16, 64])]
+    with pytest.raises(EmulationError, match="input 3 may not be float32"):
+        plugins.kv_compact_linear(*tensors, caches, num_kv_heads=2, head_size=64, kv_cache_dtype="bfloat16")
 
 
-def test_unregistered_creator_says_to_load_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tensorrt", _fake_tensorrt(_Recorder(), registered=False))
-    with pytest.raises(RuntimeError, match="load_plugin_library"):
-        plugins.tree_mask(_tensor("p"), _tensor("l"))
+def test_unregistered_creator_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the library (and so without creators), the error names the plugin and the failure to load."""
+    with standin.active(tmp_path / "lib"):
+        from tensorrt_llm.builder import Builder
+        from tensorrt_llm.network import net_guard
+
+        monkeypatch.setenv(plugins.PLUGIN_LIBRARY_ENV_VAR, str(tmp_path / "missing.so"))
+        monkeypatch.setattr(plugins, "plugin_library_candidates", lambda: [tmp_path / "missing.so"])
+        with net_guard(Builder().create_network()):
+            import tensorrt as trt
+
+            parents = _input("parents", trt.int32, [1, -1])
+            lengths = _input("lengths", trt.int32, [1])
+            with pytest.raises(RuntimeError, match="TensorRT has no creator dflash::DFlashTreeMask v1"):
+                plugins.tree_mask(parents, lengths)
+
+
+def test_init_function_registers_once_per_namespace(tmp_path: Path) -> None:
+    """The contract initDFlashPlugins has in C++ (plugin_registration.cpp; host test) and in the
+    stand-in library: same namespace again -> true, another namespace -> false."""
+    with standin.active(tmp_path / "lib"):
+        from _emu.dflash_plugins import build_standin_library
+
+        library = ctypes.CDLL(str(build_standin_library(tmp_path / "lib2")))
+        init = library.initDFlashPlugins
+        init.restype, init.argtypes = ctypes.c_bool, [ctypes.c_void_p, ctypes.c_char_p]
+        assert init(None, b"dflash") and init(None, b"dflash") and not init(None, b"other")

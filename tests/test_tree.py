@@ -273,9 +273,14 @@ def test_dense_mask_for_a_chain_is_causal(mask_verifier):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batched_tree_inputs_pad_with_zeros(seed):
+@pytest.mark.parametrize("max_nodes", [None, 70, 71, 200])
+def test_batched_tree_inputs_pack_rows_and_pad_with_zeros(seed, max_nodes):
+    """The layout TensorRT-LLM's XQA kernels read: mask rows packed by length, ceil(M/32)
+    words per row for M = max_nodes (the engine's max generation length), offsets M wide."""
     rng = np.random.default_rng(seed)
     n = 70
+    m = n if max_nodes is None else max_nodes
+    words = (m + 31) // 32
     lengths = np.array([70, 33, 1, 40])
     parents = np.full((4, n), 12345, dtype=np.int32)  # garbage beyond each length
     trees = []
@@ -283,22 +288,26 @@ def test_batched_tree_inputs_pad_with_zeros(seed):
         p = random_parents(rng, int(length), ["uniform", "deep", "star", "recent"][b])
         parents[b, :length] = p
         trees.append(p)
-    packed, offsets, lens = batched_tree_inputs(parents, lengths)
-    assert packed.shape == (4, n, 3) and packed.dtype == np.int32
-    assert offsets.shape == (4, n) and offsets.dtype == np.int32
+    packed, offsets, lens = batched_tree_inputs(parents, lengths, max_nodes)
+    assert packed.shape == (4 * n, words) and packed.dtype == np.int32
+    assert offsets.shape == (4, m) and offsets.dtype == np.int32
     assert lens.tolist() == lengths.tolist() and lens.dtype == np.int32
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     for b, length in enumerate(lengths):
         brute = brute_ancestors(trees[b])
-        as_u32 = packed[b].view(np.uint32).astype(np.int64)
-        cols = np.arange(n)
+        rows = packed[starts[b]: starts[b] + length]
+        as_u32 = rows.view(np.uint32).astype(np.int64)
+        cols = np.arange(words * 32)
         bits = ((as_u32[:, cols // 32] >> (cols % 32)) & 1).astype(bool)
-        np.testing.assert_array_equal(bits[:length, :length], brute)
-        assert not bits[:length, length:].any()
-        assert not packed[b, length:].any(), "rows beyond the length must be zero"
+        np.testing.assert_array_equal(bits[:, :length], brute)
+        assert not bits[:, length:].any()
         np.testing.assert_array_equal(offsets[b, :length], brute.sum(1) - 1)
         assert not offsets[b, length:].any()
+    assert not packed[lengths.sum():].any(), "rows past the last sequence's nodes must be zero"
     with pytest.raises(DFlashInputError, match="generation_lengths has 3 entries for a batch of 4"):
         batched_tree_inputs(parents, lengths[:3])
+    with pytest.raises(DFlashInputError, match="max_nodes=69 must be between N=70 and 1024"):
+        batched_tree_inputs(parents, lengths, 69)
     bad = parents.copy()
     bad[1, 5] = 7  # parent after child inside the valid length
     with pytest.raises(DFlashInputError, match=r"parents\[5\]=7"):

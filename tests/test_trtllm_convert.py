@@ -109,6 +109,11 @@ def merge_shards(config: dict, shards: list[dict[str, torch.Tensor]]) -> dict[st
         if name.endswith(("attention.qkv.weight", "attention.qkv.bias")):
             heads, kv, d = _heads(config, name)
             q_local, kv_local = heads // tp * d, max(kv // tp, 1) * d
+            if (not name.startswith(DRAFTER_PREFIX) and config.get("qk_layernorm")
+                    and heads // tp == max(kv // tp, 1) > 1):
+                # TensorRT-LLM's Attention reads this case per head: undo weight.interleave_heads.
+                h = heads // tp
+                parts = [p.reshape(h, 3, d, *p.shape[1:]).transpose(0, 1).reshape(p.shape) for p in parts]
             qs, ks, vs = zip(*(p.split([q_local, kv_local, kv_local], 0) for p in parts))
             owners = range(0, tp, tp // kv) if kv < tp else range(tp)  # one rank per distinct KV head
             for r in range(tp):  # duplicated KV heads must really be copies

@@ -43,13 +43,7 @@ import sys
 from pathlib import Path
 
 from ..errors import DFlashConfigError, DFlashError
-from ..tree import MAX_DDTREE_BUDGET
-
-DFLASH_MODE = "dflash"
-TRTLLM_MODE = "medusa"
-MODE_FLAG = "--speculative_decoding_mode"
-MAX_DRAFT_LEN_ENV = "TRTLLM_DFLASH_MAX_DRAFT_LEN"
-ARCHITECTURE = "DFlashForCausalLM"
+from .constants import ARCHITECTURE, DFLASH_MODE, MAX_DRAFT_LEN_ENV, MAX_ENGINE_DRAFT_LEN, MODE_FLAG, TRTLLM_MODE
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -90,7 +84,10 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
     """
     ckpt = _flag_value(argv, "--checkpoint_dir")
     raw_len = _flag_value(argv, "--max_draft_len")
-    max_draft_len = int(raw_len) if raw_len is not None else None
+    try:
+        max_draft_len = int(raw_len) if raw_len is not None else None
+    except ValueError:
+        raise DFlashConfigError(f"--max_draft_len={raw_len!r} is not an integer") from None
     config = None
     if ckpt is not None and (Path(ckpt) / "config.json").is_file():
         config = json.loads((Path(ckpt) / "config.json").read_text())
@@ -109,22 +106,21 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
             f"(got {MODE_FLAG}={mode!r})"
         )
     block_size = int(config["dflash"]["block_size"])
-    if max_draft_len is not None and not block_size - 1 <= max_draft_len <= MAX_DDTREE_BUDGET:
+    effective = max_draft_len if max_draft_len is not None else int(config.get("max_draft_len", block_size - 1))
+    if not block_size - 1 <= effective <= MAX_ENGINE_DRAFT_LEN:
+        where = "--max_draft_len" if max_draft_len is not None else f"{ckpt}/config.json max_draft_len"
         raise DFlashConfigError(
-            f"--max_draft_len={max_draft_len} is out of range: the DFlash chain needs block_size - 1 = "
-            f"{block_size - 1} draft tokens and a DDTree at most {MAX_DDTREE_BUDGET} nodes; "
-            "pass the largest --ddtree_budget you will run (or block_size - 1 for the chain)"
+            f"{where}={effective} is out of range {block_size - 1}..{MAX_ENGINE_DRAFT_LEN}: the DFlash chain needs "
+            f"block_size - 1 = {block_size - 1} draft tokens, and TensorRT-LLM builds tree speculative decoding with "
+            f"at most {MAX_ENGINE_DRAFT_LEN} (tensorrt_llm/builder.py); pass the largest --ddtree_budget you will run"
         )
     return True, max_draft_len
 
 
 def register_model() -> None:
-    """``MODEL_MAP['DFlashForCausalLM'] = DFlashForCausalLM`` (tensorrt_llm/models/__init__.py)."""
-    from tensorrt_llm.models import MODEL_MAP
-
-    from .model import DFlashForCausalLM
-
-    MODEL_MAP[ARCHITECTURE] = DFlashForCausalLM
+    """``MODEL_MAP['DFlashForCausalLM'] = DFlashForCausalLM`` (tensorrt_llm/models/__init__.py):
+    importing model.py registers it."""
+    from . import model  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> int:

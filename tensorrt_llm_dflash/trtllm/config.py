@@ -12,6 +12,9 @@ with the build config (1.2 copies it when ``--max_draft_len`` is absent; older r
 always overwrote the flag with it), so the flag is carried here by
 ``$TRTLLM_DFLASH_MAX_DRAFT_LEN`` (set by ``trtllm/build.py``) and the two always agree.
 
+Attribute writes go to the wrapped config too (``commands/build.py::build_model`` sets
+``model_config.logits_dtype``), so ``to_dict()``, the engine's config.json, keeps them.
+
 Imports tensorrt_llm at module level: import this module only where TensorRT-LLM is
 installed (the package itself never imports it eagerly).
 """
@@ -19,13 +22,14 @@ installed (the package itself never imports it eagerly).
 from __future__ import annotations
 
 import os
+from importlib import import_module
 from typing import Any
 
 from tensorrt_llm.models.llama.config import LLaMAConfig
 from tensorrt_llm.models.modeling_utils import PretrainedConfig
 from tensorrt_llm.models.qwen.config import QWenConfig
 
-from .build import MAX_DRAFT_LEN_ENV
+from .constants import MAX_DRAFT_LEN_ENV
 
 DFLASH_FIELDS = ("dflash", "max_draft_len", "num_medusa_heads", "base_family", "base_architecture")
 
@@ -43,7 +47,7 @@ class DFlashConfig(PretrainedConfig):
     ) -> None:
         family_config = QWenConfig if base_family == "qwen" else LLaMAConfig
         # The wrapped config holds every PretrainedConfig field (mapping, dtype, ...).
-        self.config = family_config(**kwargs)
+        object.__setattr__(self, "config", family_config(**kwargs))
         block_size = int(dflash["block_size"])
         override = os.environ.get(MAX_DRAFT_LEN_ENV)
         if override:
@@ -60,23 +64,21 @@ class DFlashConfig(PretrainedConfig):
             output[name] = getattr(self.config, name)
         return output
 
-    # Same delegation as MedusaConfig: reads go to the wrapped target config.
+    # Reads go to the wrapped target config (as MedusaConfig); so do writes, so that what the
+    # builder sets (logits_dtype, the rank) is what to_dict() serialises.
     def __getattr__(self, name: str) -> Any:
+        if name == "config":  # not yet set (unpickling): no recursion through __getattr__
+            raise AttributeError(name)
         return getattr(self.config, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.config, name, value)
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-
-
-def _register() -> None:
-    # parallel_build's spawn workers unpickle the config, which imports this module; the
-    # registration then exists in every process that can see a DFlashConfig.
-    from .build import register_model
-
-    register_model()
-
-
-_register()
+        # parallel_build's spawn workers unpickle the config and then look its architecture up
+        # in MODEL_MAP: importing model.py registers DFlashForCausalLM there.
+        import_module(".model", __package__)

@@ -13,11 +13,14 @@ Layout and conventions follow Medusa (``tensorrt_llm/models/medusa/model.py``):
 One pass (generation phase, one request per batch row; see docs/trtllm_engine.md):
 
 1. ``dflash_prev_*`` (the host's accepted path of the previous step) -> DFlashKVCompact
-   compacts the target KV cache; the compacted lengths feed the attention's
-   ``sequence_length`` so TensorRT orders every attention layer after the copy.
+   compacts the target KV cache (the ``past_key_value_{i}`` buffers are its inputs, updated
+   in place); the compacted lengths feed the attention's ``sequence_length`` so TensorRT
+   orders every attention layer after the copy.
 2. ``dflash_tree_parents`` -> DFlashTreeMask -> ``spec_decoding_packed_mask /
-   position_offsets / generation_lengths`` -> the target runs the tree (gpt attention
-   plugin). Hidden states of ``target_layer_ids`` are captured on the way.
+   position_offsets / generation_lengths`` in the layout the attention kernels read (mask
+   rows of ``ceil((max_draft_len + 1) / 32)`` words, offsets ``max_draft_len + 1`` wide) ->
+   the target runs the tree (gpt attention plugin). Hidden states of ``target_layer_ids``
+   are captured on the way.
 3. ``ctx = hidden_norm(fc(cat(features)))`` for every token of the pass; the drafter's
    context K/V of each token (k_norm, RoPE at the token's position) are an output,
    ``dflash_token_context_kv``; the runner appends the accepted rows to its context
@@ -69,6 +72,7 @@ from tensorrt_llm.functional import sum as reduce_sum
 from tensorrt_llm.layers import ColumnLinear, GatedMLP, RmsNorm, RowLinear
 from tensorrt_llm.layers.attention import SpecDecodingParams
 from tensorrt_llm.mapping import Mapping
+from tensorrt_llm.models import MODEL_MAP
 from tensorrt_llm.models.generation_mixin import GenerationMixin
 from tensorrt_llm.models.llama.model import LLaMAForCausalLM
 from tensorrt_llm.models.modeling_utils import PretrainedModel, get_kv_cache_type_from_legacy
@@ -76,15 +80,16 @@ from tensorrt_llm.models.qwen.model import QWenForCausalLM
 from tensorrt_llm.module import Module, ModuleList
 from tensorrt_llm.parameter import Parameter
 
+from ..errors import DFlashConfigError
 from . import plugins
 from .config import DFlashConfig
+from .constants import ARCHITECTURE, MAX_ENGINE_DRAFT_LEN
 
 #: Engine I/O added by DFlash (docs/trtllm_engine.md lists shapes and dtypes).
 INPUT_NAMES = (
     "dflash_tree_parents", "dflash_node_index", "dflash_logits_index", "dflash_num_nodes", "dflash_is_context",
     "dflash_context_kv", "dflash_context_lengths",
     "dflash_prev_accepted_nodes", "dflash_prev_num_accepted", "dflash_prev_past_lengths",
-    "dflash_kv_cache_layer_pointers",
 )
 OUTPUT_NAMES = ("medusa_logits", "dflash_token_context_kv", "dflash_bonus", "dflash_num_accepted",
                 "dflash_committed_lengths")
@@ -111,8 +116,9 @@ def _rotate_half(x: Tensor, head_size: int) -> Tensor:
     """[.., d] -> [-x2, x1] (rope_gpt_neox), with static last-dim slices."""
     half = head_size // 2
     starts = [0] * (x.ndim() - 1)
-    x1 = slice(x, concat(starts + [0]), concat([shape(x, i) for i in range(x.ndim() - 1)] + [half]))
-    x2 = slice(x, concat(starts + [half]), concat([shape(x, i) for i in range(x.ndim() - 1)] + [half]))
+    sizes = concat([shape(x, i) for i in range(x.ndim() - 1)] + [half])
+    x1 = slice(x, starts + [0], sizes)
+    x2 = slice(x, starts + [half], sizes)
     return concat([x2 * -1.0, x1], dim=x.ndim() - 1)
 
 
@@ -166,9 +172,9 @@ class DFlashDraftAttention(Module):
         qkv = self.qkv(x)
         lead = [shape(qkv, i) for i in range(qkv.ndim() - 1)]
         zeros = [0] * (qkv.ndim() - 1)
-        q = slice(qkv, concat(zeros + [0]), concat(lead + [q_w]))
-        k = slice(qkv, concat(zeros + [q_w]), concat(lead + [kv_w]))
-        v = slice(qkv, concat(zeros + [q_w + kv_w]), concat(lead + [kv_w]))
+        q = slice(qkv, zeros + [0], concat(lead + [q_w]))
+        k = slice(qkv, zeros + [q_w], concat(lead + [kv_w]))
+        v = slice(qkv, zeros + [q_w + kv_w], concat(lead + [kv_w]))
         q = self.q_layernorm(view(q, concat(lead + [self.num_heads, d])))
         k = self.k_layernorm(view(k, concat(lead + [self.num_kv_heads, d])))
         v = view(v, concat(lead + [self.num_kv_heads, d]))
@@ -240,6 +246,11 @@ class DFlashForCausalLM(PretrainedModel):
                 self.sub = config.dflash
                 self.block_size = int(self.sub["block_size"])
                 self.max_draft_len = int(config.max_draft_len)
+                if not self.block_size - 1 <= self.max_draft_len <= MAX_ENGINE_DRAFT_LEN:
+                    raise DFlashConfigError(
+                        f"max_draft_len={self.max_draft_len} is out of range {self.block_size - 1}.."
+                        f"{MAX_ENGINE_DRAFT_LEN} (TensorRT-LLM builds tree speculative decoding with at most "
+                        f"{MAX_ENGINE_DRAFT_LEN} draft tokens)")
                 self.layer_ids = [int(i) for i in self.sub["target_layer_ids"]]
                 self.dflash = DFlashDrafter(config)
                 self.inv_freq, self.rope_scaling = rotary_tables(self.sub)
@@ -265,6 +276,10 @@ class DFlashForCausalLM(PretrainedModel):
                 last = self.config.num_hidden_layers - 1
                 parts = []
                 for i in self.layer_ids:
+                    if i not in self._captured:
+                        raise RuntimeError(
+                            f"decoder layer {i} did not run through its forward(): the DFlash feature capture "
+                            "needs the layers called one by one (DecoderLayerList.forward)")
                     h = self._captured[i]
                     # HF reports the last layer after the final norm (target.py does the same).
                     parts.append(self.transformer.ln_f(h) if i == last else h)
@@ -291,20 +306,19 @@ class DFlashForCausalLM(PretrainedModel):
                 """Compact the previous step's accepted path (host walk) before any attention reads
                 the cache; the attention's sequence_length then depends on the plugin output."""
                 kv = kwargs["kv_cache_params"]
-                common = {"num_layers": self.config.num_hidden_layers,
-                          "num_kv_heads": max(self.config.num_key_value_heads // self.config.mapping.tp_size, 1),
+                common = {"num_kv_heads": max(self.config.num_key_value_heads // self.config.mapping.tp_size, 1),
                           "head_size": self.config.head_size, "kv_cache_dtype": self.config.kv_dtype}
                 if default_net().plugin_config.paged_kv_cache:
                     committed = plugins.kv_compact_paged(
                         dflash["dflash_prev_accepted_nodes"], dflash["dflash_prev_num_accepted"],
                         dflash["dflash_prev_past_lengths"], kv.kv_cache_block_offsets,
                         kv.host_kv_cache_pool_pointers, kv.host_kv_cache_pool_mapping,
+                        num_layers=self.config.num_hidden_layers,
                         tokens_per_block=default_net().plugin_config.tokens_per_block, **common)
                 else:
                     committed = plugins.kv_compact_linear(
                         dflash["dflash_prev_accepted_nodes"], dflash["dflash_prev_num_accepted"],
-                        dflash["dflash_prev_past_lengths"], dflash["dflash_kv_cache_layer_pointers"],
-                        max_seq_len=self._kv_max_seq_len, **common)  # the KV buffers' max_seq dimension
+                        dflash["dflash_prev_past_lengths"], list(kv.past_key_value), **common)
                 attention = kwargs["attention_params"]
                 # sequence_length = committed + tokens of this pass: the same value the host
                 # passes, now ordered after the compaction.
@@ -313,12 +327,11 @@ class DFlashForCausalLM(PretrainedModel):
                 return committed
 
             def _tree_mask(self, dflash: dict[str, Tensor], spec: SpecDecodingParams) -> SpecDecodingParams:
+                # Already in the plugin's layout: [b * N, ceil((D + 1) / 32)] rows packed by length,
+                # offsets [b, D + 1] (docs/plugins.md), matching the max generation length D + 1.
                 packed, offsets, lengths = plugins.tree_mask(
                     dflash["dflash_tree_parents"], spec.spec_decoding_generation_lengths,
                     max_nodes=self.max_draft_len + 1)
-                # The gpt attention plugin takes the mask as [num_gen_tokens, words] (docs/plugins.md).
-                packed = view(packed, concat([shape(packed, 0) * shape(packed, 1), shape(packed, 2)]))
-                self._depths = offsets
                 return SpecDecodingParams(
                     spec_decoding_is_generation_length_variable=True,
                     spec_decoding_max_generation_length=self.max_draft_len + 1,
@@ -392,29 +405,26 @@ class DFlashForCausalLM(PretrainedModel):
                     x = x + att.attend(q, keys, values, additive)
                     x = x + layer.mlp(layer.post_layernorm(x))
                 out = self.dflash.norm(x)
-                out = slice(out, concat([0, 1, 0]), concat([b, bsz - 1, shape(out, 2)]))  # positions 1..B-1
+                out = slice(out, [0, 1, 0], concat([b, bsz - 1, shape(out, 2)]))  # positions 1..B-1
                 logits = self._draft_logits(out)  # [b, B-1, V]
                 return cast(logits, self.config.logits_dtype).permute([1, 0, 2])
 
             @staticmethod
             def _layer_kv(kv: Tensor, layer: int) -> Tensor:
+                """kv[layer] (static index on dim 0)."""
                 dims = [shape(kv, j) for j in range(1, kv.ndim())]
-                part = slice(kv, concat([layer] + [0] * (kv.ndim() - 1)), concat([1] + dims))
+                part = slice(kv, [layer] + [0] * (kv.ndim() - 1), concat([1] + dims))
                 return view(part, concat(dims))
 
-            @staticmethod
-            def _kv_part(kv: Tensor, which: int) -> Tensor:
-                dims = [shape(kv, j) for j in range(1, kv.ndim())]
-                part = slice(kv, concat([which] + [0] * (kv.ndim() - 1)), concat([1] + dims))
-                return view(part, concat(dims))
+            _kv_part = _layer_kv  # kv[0] is K, kv[1] is V
 
             def _draft_logits(self, hidden: Tensor) -> Tensor:
                 if self.dflash.draft_vocab_size is None:
                     return self.lm_head(hidden)  # the target's lm_head, shared
                 # Reduced draft vocabulary: score the draft rows, scatter into the target vocab.
                 draft = self.dflash.lm_head(hidden)
-                draft = slice(draft, concat([0, 0, 0]), concat([shape(draft, 0), shape(draft, 1),
-                                                                self.dflash.draft_vocab_size]))
+                draft = slice(draft, [0, 0, 0], concat([shape(draft, 0), shape(draft, 1),
+                                                        self.dflash.draft_vocab_size]))
                 ids = self.dflash.d2t.value + constant(np.arange(self.dflash.draft_vocab_size, dtype=np.int32))
                 vocab = pad_vocab_size(self.config.vocab_size, self.config.mapping.tp_size)
                 base = expand(constant(np.full((1, 1, vocab), -1e30, dtype=np.float32)),
@@ -428,8 +438,6 @@ class DFlashForCausalLM(PretrainedModel):
                 kwargs["speculative_decoding_draft_tokens_external"] = False
                 kwargs["max_draft_len"] = self.max_draft_len
                 kwargs["spec_decoding_is_generation_length_variable"] = True
-                # builder.build calls prepare_inputs before forward; the linear KV layout needs it.
-                self._kv_max_seq_len = int(kwargs["max_seq_len"])
                 inputs = super().prepare_inputs(*args, **kwargs)
                 inputs.update(self._dflash_inputs(kwargs))
                 return inputs
@@ -460,13 +468,12 @@ class DFlashForCausalLM(PretrainedModel):
                 sub, tp = self.sub, self.config.mapping.tp_size
                 kv_heads, d, ld = max(sub["num_key_value_heads"] // tp, 1), sub["head_size"], sub["num_hidden_layers"]
 
-                def tensor(name: str, dtype: Any, dims: list[tuple[str, Any]], location: Any = None) -> Tensor:
+                def tensor(name: str, dtype: Any, dims: list[tuple[str, Any]]) -> Tensor:
                     # As EagleForCausalLM.prepare_inputs: a dynamic dim is -1 with one [min, opt, max]
                     # per profile; a static dim is its size, repeated once per profile in dim_range.
                     shape_ = [-1 if isinstance(r, list) else r for _, r in dims]
                     ranges_ = OrderedDict((n, r if isinstance(r, list) else [r] * profiles) for n, r in dims)
-                    extra = {} if location is None else {"location": location}
-                    return Tensor(name=name, dtype=dtype, shape=shape_, dim_range=ranges_, **extra)
+                    return Tensor(name=name, dtype=dtype, shape=shape_, dim_range=ranges_)
 
                 return {
                     "dflash_tree_parents": tensor("dflash_tree_parents", trt.int32,
@@ -488,9 +495,6 @@ class DFlashForCausalLM(PretrainedModel):
                                                        [("batch_size", bb)]),
                     "dflash_prev_past_lengths": tensor("dflash_prev_past_lengths", trt.int32,
                                                        [("batch_size", bb)]),
-                    "dflash_kv_cache_layer_pointers": tensor(
-                        "dflash_kv_cache_layer_pointers", trt.int64,
-                        [("dflash_target_layers", self.config.num_hidden_layers)], trt.TensorLocation.HOST),
                 }
 
         self.model = GenericDFlashForCausalLM(config)
@@ -505,5 +509,8 @@ class DFlashForCausalLM(PretrainedModel):
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
 
+
+# PretrainedConfig.from_dict and commands/build.py::build_model resolve the architecture here.
+MODEL_MAP[ARCHITECTURE] = DFlashForCausalLM
 
 __all__ = ["DFlashForCausalLM"]

@@ -1,9 +1,11 @@
 """Insert the DFlash TensorRT plugins into a TensorRT-LLM network.
 
 The plugins live in ``libdflash_trt_plugins.so`` (built from ``plugins/`` when
-TensorRT 10.x is found). Loading it with ``RTLD_GLOBAL`` runs its
-``REGISTER_TENSORRT_PLUGIN`` registrars, after which the creators are found in
-TensorRT's plugin registry under namespace ``"dflash"``, version ``"1"``.
+TensorRT 10.x is found). :func:`load_plugin_library` loads it with ``RTLD_GLOBAL`` and
+calls its ``initDFlashPlugins(logger, "dflash")``, which registers both creators in
+TensorRT's plugin registry under namespace ``"dflash"``, version ``"1"``: the namespace
+the creators and their plugins report, so a deserialized engine finds them again
+(TensorRT-LLM registers its own library the same way, ``initTrtLlmPlugins``).
 
 The insertion follows TensorRT-LLM's own V3 plugins, e.g.
 ``eagle_prepare_drafter_inputs_plugin`` in ``tensorrt_llm/models/eagle/model.py``
@@ -71,6 +73,7 @@ def load_plugin_library(path: str | os.PathLike[str] | None = None) -> ctypes.CD
             return _loaded[key]
         if candidate.is_file():
             library = ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            _register_creators(library, candidate)
             _loaded[key] = library
             return library
     tried = ", ".join(str(c) for c in candidates)
@@ -79,6 +82,20 @@ def load_plugin_library(path: str | os.PathLike[str] | None = None) -> ctypes.CD
         "'cmake -S plugins -B plugins/build -DTensorRT_ROOT=<prefix> && cmake --build plugins/build', "
         f"or point ${PLUGIN_LIBRARY_ENV_VAR} at it"
     )
+
+
+def _register_creators(library: ctypes.CDLL, path: Path) -> None:
+    try:
+        init = library.initDFlashPlugins
+    except AttributeError as err:
+        raise RuntimeError(f"{path} has no initDFlashPlugins: rebuild plugins/ (an old or foreign library)") from err
+    init.restype = ctypes.c_bool
+    init.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    if not init(None, PLUGIN_NAMESPACE.encode()):
+        raise RuntimeError(
+            f"initDFlashPlugins could not register the DFlash plugin creators from {path} under namespace "
+            f"{PLUGIN_NAMESPACE!r} (already registered under another namespace, or by another library)"
+        )
 
 
 # ---------------------------------------------------------------------- attributes
@@ -117,7 +134,6 @@ def kv_compact_fields(
     head_size: int,
     kv_cache_dtype: str | int,
     tokens_per_block: int = 64,
-    max_seq_len: int = 0,
 ) -> dict[str, int]:
     """DFlashKVCompact attributes, in the creator's order, checked like the C++ creator."""
     fields = {
@@ -127,12 +143,9 @@ def kv_compact_fields(
         "head_size": _check_range("head_size", head_size, 1, 1 << 16),
         "elem_bytes": elem_bytes_of(kv_cache_dtype),
         "tokens_per_block": _check_range("tokens_per_block", tokens_per_block, 1, 1 << 16),
-        "max_seq_len": _check_range("max_seq_len", max_seq_len, 0, 2**31 - 1),
     }
     if paged and fields["tokens_per_block"] & (fields["tokens_per_block"] - 1):
         raise DFlashInputError(f"tokens_per_block={tokens_per_block} must be a power of two")
-    if not paged and fields["max_seq_len"] < 1:
-        raise DFlashInputError(f"max_seq_len={max_seq_len} must be >= 1 for the linear KV cache")
     return fields
 
 
@@ -184,8 +197,10 @@ def tree_mask(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Add DFlashTreeMask: ``parents`` int32 ``[batch, N]`` (-1 at the root),
     ``generation_lengths`` int32 ``[batch]`` -> ``(spec_decoding_packed_mask
-    [batch, N, ceil(N/32)], spec_decoding_position_offsets [batch, N],
-    spec_decoding_generation_lengths [batch])``, all int32.
+    [batch * N, ceil(max_nodes/32)], spec_decoding_position_offsets [batch, max_nodes],
+    spec_decoding_generation_lengths [batch])``, all int32, in the layout the gpt attention
+    plugin reads when ``spec_decoding_max_generation_length == max_nodes``: mask rows
+    packed by generation length, ``ceil(max_nodes/32)`` words each (docs/plugins.md).
     """
     plugin = _create_plugin(TREE_MASK_PLUGIN, "dflash_tree_mask", tree_mask_fields(max_nodes))
     packed, offsets, lengths = _add_plugin(plugin, [parents, generation_lengths], 3)
@@ -230,23 +245,22 @@ def kv_compact_linear(
     accepted_nodes: Tensor,
     num_accepted: Tensor,
     past_key_value_lengths: Tensor,
-    host_kv_cache_layer_pointers: Tensor,
+    layer_caches: list[Tensor],
     *,
-    num_layers: int,
     num_kv_heads: int,
     head_size: int,
     kv_cache_dtype: str | int,
-    max_seq_len: int,
 ) -> Tensor:
-    """Add DFlashKVCompact for linear caches (one ``[batch, 2, heads, max_seq_len,
-    head_size]`` buffer per layer, addressed by the int64 host tensor
-    ``host_kv_cache_layer_pointers [num_layers]``); returns the committed lengths.
+    """Add DFlashKVCompact for linear caches: ``layer_caches`` are the engine's
+    ``past_key_value_{i}`` inputs (``[batch, 2, heads, max_seq_len, head_size]``), updated in
+    place. Returns the committed lengths; order what reads the caches after the compaction
+    by that tensor (the caches are written behind TensorRT's back, as the attention does).
     """
     fields = kv_compact_fields(
-        paged=False, num_layers=num_layers, num_kv_heads=num_kv_heads, head_size=head_size,
-        kv_cache_dtype=kv_cache_dtype, max_seq_len=max_seq_len,
+        paged=False, num_layers=len(layer_caches), num_kv_heads=num_kv_heads, head_size=head_size,
+        kv_cache_dtype=kv_cache_dtype,
     )
     plugin = _create_plugin(KV_COMPACT_PLUGIN, "dflash_kv_compact", fields)
-    inputs = [accepted_nodes, num_accepted, past_key_value_lengths, host_kv_cache_layer_pointers]
+    inputs = [accepted_nodes, num_accepted, past_key_value_lengths, *layer_caches]
     (committed,) = _add_plugin(plugin, inputs, 1)
     return committed

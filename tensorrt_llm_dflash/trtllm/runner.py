@@ -69,7 +69,8 @@ def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
 class DFlashEngineTarget:
     """One DFlash engine (one TP rank) as a ``TargetVerifier``."""
 
-    def __init__(self, engine_dir: str | Path, rank: int = 0) -> None:
+    def __init__(self, engine_dir: str | Path, rank: int = 0, device: str | torch.device | None = None) -> None:
+        """``device``: where the engine's buffers live (default ``cuda:rank % gpus_per_node``)."""
         import tensorrt as trt
         import tensorrt_llm  # noqa: F401  (its import loads the TensorRT-LLM plugin library)
         from tensorrt_llm.runtime import Session
@@ -82,10 +83,12 @@ class DFlashEngineTarget:
         self.pretrained, self.build = config["pretrained_config"], config["build_config"]
         mapping = self.pretrained["mapping"]
         gpus = int(mapping.get("gpus_per_node", 8))
-        self.device = torch.device("cuda", rank % gpus)
-        torch.cuda.set_device(self.device)
-        self.stream = torch.cuda.current_stream(self.device)
+        self.device = torch.device(device) if device is not None else torch.device("cuda", rank % gpus)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         engine_file = Path(engine_dir) / f"rank{rank}.engine"
+        if not engine_file.is_file():
+            raise DFlashConfigError(f"engine directory {str(engine_dir)!r} has no {engine_file.name} (rank {rank})")
         self.session = Session.from_serialized_engine(engine_file.read_bytes())
         self.engine = self.session.engine
         self.context = self.session.context
@@ -104,6 +107,9 @@ class DFlashEngineTarget:
         self.draft_kv_heads = max(int(sub["num_key_value_heads"]) // tp, 1)
         self.draft_head_size = int(sub["head_size"])
         self.mismatched_drafts = 0
+        #: Per verify pass: (in-graph accepted count, in-graph bonus, host accepted count, host bonus).
+        self.walk_log: list[tuple[int, int, int, int]] = []
+        self._all_reduce = self._all_reduce_workspace(mapping, rank)
         self._allocate()
         self.reset()
 
@@ -113,6 +119,21 @@ class DFlashEngineTarget:
 
         return trt_dtype_to_torch(self.engine.get_tensor_dtype(name))
 
+    def _all_reduce_workspace(self, mapping: dict[str, Any], rank: int) -> Any:
+        """tp > 1: TensorRT-LLM's prepare_basic_inputs adds the input ``all_reduce_workspace``;
+        allocate and bind it as its own GenerationSession does (runtime/generation.py:
+        ``CustomAllReduceHelper.allocate_workspace(mapping, max_workspace_size_auto(tp))``)."""
+        if int(mapping["tp_size"]) <= 1:
+            return None
+        from tensorrt_llm.mapping import Mapping
+        from tensorrt_llm.plugin.plugin import CustomAllReduceHelper
+
+        trt_mapping = Mapping(world_size=int(mapping["world_size"]), rank=rank,
+                              gpus_per_node=int(mapping.get("gpus_per_node", 8)), tp_size=int(mapping["tp_size"]),
+                              pp_size=int(mapping.get("pp_size", 1)))
+        size = CustomAllReduceHelper.max_workspace_size_auto(trt_mapping.tp_size)
+        return CustomAllReduceHelper.allocate_workspace(trt_mapping, size)  # (IPC buffers, CPU int64 tensor)
+
     def _allocate(self) -> None:
         kv_dtype = self._dtype("past_key_value_0")
         self.kv_cache = [
@@ -121,8 +142,6 @@ class DFlashEngineTarget:
         ]
         self.context_kv = torch.zeros(self.draft_layers, 2, 1, self.max_seq_len, self.draft_kv_heads,
                                       self.draft_head_size, dtype=self._dtype("dflash_context_kv"), device=self.device)
-        # Host (CPU) tensor of the per-layer cache addresses for DFlashKVCompact (linear layout).
-        self.layer_pointers = torch.tensor([t.data_ptr() for t in self.kv_cache], dtype=torch.int64)
 
     def reset(self) -> None:
         self.past_len = 0
@@ -134,9 +153,14 @@ class DFlashEngineTarget:
         self.cached_draft: torch.Tensor | None = None
         self.cached_bonus: int | None = None
         self.in_graph_path: list[int] | None = None
+        self._pending_walk: list[int] | None = None
 
     def synchronize(self) -> None:
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _stream_handle(self) -> int:
+        return torch.cuda.current_stream(self.device).cuda_stream if self.device.type == "cuda" else 0
 
     # -------------------------------------------------------------------- passes
     def _i32(self, values: Any, host: bool = False) -> torch.Tensor:
@@ -163,6 +187,8 @@ class DFlashEngineTarget:
             "host_runtime_perf_knobs": torch.full((16,), -1, dtype=torch.int64),
             "host_context_progress": torch.zeros(1, dtype=torch.int64),
         }
+        if self._all_reduce is not None:
+            tensors["all_reduce_workspace"] = self._all_reduce[1]
         for i, layer in enumerate(self.kv_cache):
             tensors[f"past_key_value_{i}"] = layer
             tensors[f"present_key_value_{i}"] = layer  # in place
@@ -174,13 +200,12 @@ class DFlashEngineTarget:
         prev = np.zeros((1, path_len), np.int32)
         prev[0, : len(nodes)] = nodes
         if tree is None:  # context pass: the prompt is accepted whole; a one-node dummy tree
-            parents, gen_len, depths = np.array([[-1]], np.int32), np.array([1], np.int32), np.zeros((1, 1), np.int32)
+            parents, gen_len = np.array([[-1]], np.int32), np.array([1], np.int32)
             logits_index = np.zeros((1, n), np.int32)
         else:
             parents, gen_len = tree.parents[None].astype(np.int32), np.array([n], np.int32)
-            depths = tree.depths[None].astype(np.int32)
             logits_index = np.arange(n, dtype=np.int32)[None]
-        packed, offsets, lengths = batched_tree_inputs(parents, gen_len)
+        packed, offsets, lengths = batched_tree_inputs(parents, gen_len, self.max_draft_len + 1)
         return {
             "dflash_tree_parents": self._i32(parents),
             "dflash_node_index": self._i32(np.arange(n, dtype=np.int32)[None]),
@@ -192,16 +217,26 @@ class DFlashEngineTarget:
             "dflash_prev_accepted_nodes": self._i32(prev),
             "dflash_prev_num_accepted": self._i32([count]),
             "dflash_prev_past_lengths": self._i32([prev_past]),
-            "dflash_kv_cache_layer_pointers": self.layer_pointers,
-            # Declared by TensorRT-LLM's prepare_inputs for Medusa; the engine rebuilds them
-            # from dflash_tree_parents with DFlashTreeMask, these host copies follow the same contract.
+            # Declared by TensorRT-LLM's prepare_inputs for Medusa; the engine builds the
+            # tensors the attention reads from dflash_tree_parents with DFlashTreeMask. These
+            # host copies follow the same layout (tree.batched_tree_inputs).
             "spec_decoding_generation_lengths": self._i32(lengths),
-            "spec_decoding_position_offsets": self._i32(depths if tree is not None else offsets),
-            "spec_decoding_packed_mask": self._i32(packed.reshape(-1, packed.shape[-1])),
+            "spec_decoding_position_offsets": self._i32(offsets),
+            "spec_decoding_packed_mask": self._i32(packed),
             "spec_decoding_use": self._i32([0 if tree is None else 1], host=True),
         }
 
-    def _run(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _select_profile(self, is_context: bool) -> int:
+        """TensorRT-LLM builds a continuous-KV engine without the gemm plugin with two
+        optimization profiles, context then generation (models/generation_mixin.py,
+        has_ctx_gen_opt_profiles); every other engine has one."""
+        profile = 0 if is_context or self.engine.num_optimization_profiles < 2 else 1
+        if self.context.active_optimization_profile != profile:
+            if not self.context.set_optimization_profile_async(profile, self._stream_handle()):
+                raise RuntimeError(f"TensorRT refused optimization profile {profile}")
+        return profile
+
+    def _run(self, inputs: dict[str, torch.Tensor], is_context: bool) -> dict[str, torch.Tensor]:
         trt = self._trt
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
         in_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -210,9 +245,16 @@ class DFlashEngineTarget:
             raise DFlashConfigError(
                 f"the engine has inputs this runtime does not provide: {missing}; build it with {REQUIRED_BUILD}"
             )
+        profile = self._select_profile(is_context)
         bound = {n: inputs[n] for n in in_names}
         for name, tensor in bound.items():
-            self.context.set_input_shape(name, tuple(tensor.shape))
+            if not self.context.set_input_shape(name, tuple(tensor.shape)):
+                lo, _, hi = self.engine.get_tensor_profile_shape(name, profile)
+                raise DFlashInputError(
+                    f"engine input {name!r} of shape {tuple(tensor.shape)} is outside optimization profile {profile} "
+                    f"[{tuple(lo)} .. {tuple(hi)}]: rebuild with larger limits (--max_input_len, --max_seq_len, "
+                    "--max_draft_len) or send a shorter prompt"
+                )
         outputs: dict[str, torch.Tensor] = {}
         for name in names:
             if name in bound:
@@ -222,9 +264,9 @@ class DFlashEngineTarget:
                 continue
             shape = tuple(self.context.get_tensor_shape(name))
             outputs[name] = torch.empty(shape, dtype=self._dtype(name), device=self.device)
-        if not self.session.run(bound, outputs, self.stream.cuda_stream):
+        if not self.session.run(bound, outputs, self._stream_handle()):
             raise RuntimeError("TensorRT execute_async_v3 failed")
-        self.stream.synchronize()
+        self.synchronize()
         return outputs
 
     def _after_pass(self, outputs: dict[str, torch.Tensor]) -> None:
@@ -243,7 +285,7 @@ class DFlashEngineTarget:
         self.prompt_len = n
         inputs = self._standard_inputs(np.asarray(prompt_ids), np.arange(n), True, np.array([n]))
         inputs.update(self._dflash_inputs(None, n))
-        outputs = self._run(inputs)
+        outputs = self._run(inputs, is_context=True)
         self.past_len = n
         # The prompt's drafter context K/V go to the buffer right away (all of it is committed).
         self.context_kv[:, :, 0, :n] = outputs["dflash_token_context_kv"][:, :, :n]
@@ -266,7 +308,7 @@ class DFlashEngineTarget:
         n = tree.num_nodes
         inputs = self._standard_inputs(tree.tokens, self.past_len + tree.depths, False, np.arange(1, n + 1))
         inputs.update(self._dflash_inputs(tree, n))
-        outputs = self._run(inputs)
+        outputs = self._run(inputs, is_context=False)
         # The KV compaction of the previous path ran at the start of this pass.
         self._prev = (np.zeros(1, np.int32), 0, self.past_len)
         self._last_tree = tree
@@ -286,7 +328,14 @@ class DFlashEngineTarget:
         num_in_graph = int(self._last["dflash_num_accepted"][0])
         if num_in_graph != kept:
             self.in_graph_path = None  # the in-graph walk took another path
+        # The host's bonus is known at the next propose(); the entry is completed there.
+        self._pending_walk = [num_in_graph, int(self._last["dflash_bonus"][0]), kept]
         self.past_len += kept
+
+    def record_host_bonus(self, bonus: int) -> None:
+        if self._pending_walk is not None:
+            self.walk_log.append((*self._pending_walk, int(bonus)))
+            self._pending_walk = None
 
 
 class EngineProposer:
@@ -298,11 +347,13 @@ class EngineProposer:
 
     def reset(self) -> None:
         self.target.mismatched_drafts = 0
+        self.target.walk_log = []
 
     def propose(self, root_token: int, new_context: torch.Tensor | None) -> torch.Tensor:
         target = self.target
         if target.cached_draft is None:
             raise DFlashInputError("propose() before prefill(): the engine drafts during target passes")
+        target.record_host_bonus(root_token)
         if root_token != target.cached_bonus:
             # Drafted after the in-graph greedy bonus, not the host's token (T > 0 or a tie):
             # still a valid proposal, verification keeps the output exact.
@@ -318,7 +369,7 @@ def build_trt_runtime(args: Any) -> tuple[DFlashEngineTarget, EngineProposer | N
         raise DFlashConfigError("--engine_dir is required with --backend trt")
     from tensorrt_llm._utils import mpi_rank
 
-    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank())
+    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
     stops: list[int] = []
     eos = getattr(tokenizer, "eos_token_id", None)

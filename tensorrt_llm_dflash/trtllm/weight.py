@@ -45,9 +45,9 @@ import torch
 
 from ..config import DFlashDraftConfig
 from ..errors import DFlashConfigError
+from .constants import ARCHITECTURE, MAX_ENGINE_DRAFT_LEN
 
 DRAFTER_PREFIX = "dflash."
-ARCHITECTURE = "DFlashForCausalLM"
 SUPPORTED_TARGETS = {"qwen3": "qwen", "qwen2": "qwen", "llama": "llama", "mistral": "llama"}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -182,6 +182,12 @@ def trtllm_config(
     """The checkpoint's config.json: PretrainedConfig + QWenConfig/LLaMAConfig fields
     (as their ``from_hugging_face`` would set them) + a ``dflash`` section."""
     hf = target.hf_config
+    if max_draft_len is not None and (isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int)
+                                      or not drafter.block_size - 1 <= max_draft_len <= MAX_ENGINE_DRAFT_LEN):
+        raise DFlashConfigError(
+            f"max_draft_len={max_draft_len!r} is out of range {drafter.block_size - 1}..{MAX_ENGINE_DRAFT_LEN} "
+            f"(block_size - 1 for the chain, at most {MAX_ENGINE_DRAFT_LEN} in a TensorRT-LLM engine)"
+        )
     config: dict[str, Any] = {
         "architecture": ARCHITECTURE,
         "dtype": dtype,
@@ -216,7 +222,9 @@ def trtllm_config(
         "base_family": target.family,
     }
     if target.family == "qwen":
+        # QWenDecoderLayer reads both (models/qwen/model.py); from_hugging_face sets them so.
         config["qwen_type"] = target.model_type
+        config["seq_length"] = int(hf.get("seq_length", 8192))
     config["dflash"] = {
         "num_hidden_layers": drafter.num_hidden_layers,
         "hidden_size": drafter.hidden_size,
@@ -249,23 +257,44 @@ def _get(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     return tensors[name]
 
 
+def interleave_heads(qkv: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[Q | K | V]`` blocks (``3 * heads * d`` rows) -> per head ``[q_h, k_h, v_h]``."""
+    rows = qkv.shape[0] // (3 * heads)
+    return qkv.reshape(3, heads, rows, *qkv.shape[1:]).transpose(0, 1).reshape(qkv.shape).contiguous()
+
+
 def _layer_tensors(
     get: Callable[..., torch.Tensor | None],
     *,
     out_prefix: str,
+    num_heads: int,
     num_kv_heads: int,
     qk_layernorm: bool,
     tp_size: int,
     rank: int,
+    trtllm_attention: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """One decoder layer (target or drafter), HF names -> TensorRT-LLM names, rank-local."""
+    """One decoder layer (target or drafter), HF names -> TensorRT-LLM names, rank-local.
+
+    ``trtllm_attention``: the layer runs in TensorRT-LLM's ``Attention``. With q/k norms and
+    as many KV heads as query heads on a rank, that layer reads the fused qkv per head as
+    ``[heads, 3, head_size]`` (layers/attention.py, ``Attention.forward``, the
+    ``num_attention_heads == num_attention_kv_heads`` branch), so the rows are interleaved
+    per head there; the drafter's layers (model.py) read ``[Q | K | V]`` blocks.
+    """
     out: dict[str, torch.Tensor] = {}
     q, k, v = get("self_attn.q_proj.weight"), get("self_attn.k_proj.weight"), get("self_attn.v_proj.weight")
+    local_heads, local_kv = num_heads // tp_size, max(num_kv_heads // tp_size, 1)
+    per_head = trtllm_attention and qk_layernorm and local_heads == local_kv > 1
     out["attention.qkv.weight"] = fused_qkv(q, k, v, num_kv_heads, tp_size, rank)
+    if per_head:
+        out["attention.qkv.weight"] = interleave_heads(out["attention.qkv.weight"], local_heads)
     qb = get("self_attn.q_proj.bias", optional=True)
     if qb is not None:
         kb, vb = get("self_attn.k_proj.bias"), get("self_attn.v_proj.bias")
         out["attention.qkv.bias"] = fused_qkv(qb, kb, vb, num_kv_heads, tp_size, rank)
+        if per_head:
+            out["attention.qkv.bias"] = interleave_heads(out["attention.qkv.bias"], local_heads)
     out["attention.dense.weight"] = split(get("self_attn.o_proj.weight"), tp_size, rank, dim=1)
     ob = get("self_attn.o_proj.bias", optional=True)
     if ob is not None:  # RowLinear adds its bias once, after the all-reduce: replicated
@@ -319,7 +348,7 @@ def convert_rank(
     for layer in range(target.num_layers):
         out.update(_layer_tensors(
             _getter(target_tensors, f"model.layers.{layer}."),
-            out_prefix=f"transformer.layers.{layer}.",
+            out_prefix=f"transformer.layers.{layer}.", num_heads=target.num_heads,
             num_kv_heads=target.num_kv_heads, qk_layernorm=target.qk_layernorm, tp_size=tp_size, rank=rank,
         ))
     out["transformer.ln_f.weight"] = _get(target_tensors, "model.norm.weight").clone()
@@ -337,8 +366,9 @@ def convert_rank(
     for layer in range(drafter.num_hidden_layers):
         out.update(_layer_tensors(
             _getter(drafter_tensors, f"layers.{layer}."),
-            out_prefix=f"{DRAFTER_PREFIX}layers.{layer}.",
+            out_prefix=f"{DRAFTER_PREFIX}layers.{layer}.", num_heads=drafter.num_attention_heads,
             num_kv_heads=drafter.num_key_value_heads, qk_layernorm=True, tp_size=tp_size, rank=rank,
+            trtllm_attention=False,
         ))
     for name in ("fc.weight", "hidden_norm.weight", "norm.weight"):
         out[DRAFTER_PREFIX + name] = _get(drafter_tensors, name).clone()

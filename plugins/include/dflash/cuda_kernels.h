@@ -15,12 +15,12 @@
 namespace dflash
 {
 
-//! DFlashTreeMask: see tree_mask_core.h for the contract.
+//! DFlashTreeMask: see tree_mask_core.h for the contract (numNodes <= maxNodes <= 1024).
 cudaError_t launchTreeMask(int32_t const* parents, int32_t const* generationLengths, int32_t batch, int32_t numNodes,
-    int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut, cudaStream_t stream);
+    int32_t maxNodes, int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut, cudaStream_t stream);
 
-//! DFlashKVCompact on linear caches: hostLayerCaches[l] is layer l's device buffer
-//! [batch, 2, heads, maxSeqLen, headBytes].
+//! DFlashKVCompact on linear caches: hostLayerCaches[l] (a host array of device
+//! addresses, passed to the kernel by value) is layer l's buffer [batch, 2, heads, maxSeqLen, headBytes].
 cudaError_t launchKVCompactLinear(void* const* hostLayerCaches, int32_t numLayers, int32_t batch, int32_t numKVHeads,
     int32_t maxSeqLen, int32_t headBytes, int32_t const* pastLengths, int32_t const* acceptedNodes,
     int32_t maxAccepted, int32_t const* numAccepted, cudaStream_t stream);

@@ -30,13 +30,17 @@ DFLASH_API int32_t dflash_max_tree_nodes(void);
 //! Static, NUL-terminated description of a status code ("unknown error" if out of range).
 DFLASH_API char const* dflash_error_string(int32_t code);
 
-//! DFlashTreeMask on the CPU.
-//! parents [batch, num_nodes], generation_lengths [batch];
-//! outputs packed_mask [batch, num_nodes, ceil(num_nodes/32)], position_offsets
-//! [batch, num_nodes], lengths_out [batch] (a copy of generation_lengths).
+//! DFlashTreeMask on the CPU (contract in tree_mask_core.h).
+//! parents [batch, num_nodes], generation_lengths [batch], num_nodes <= max_nodes <= 1024;
+//! outputs packed_mask [batch * num_nodes, ceil(max_nodes/32)] (rows packed by length),
+//! position_offsets [batch, max_nodes], lengths_out [batch] (a copy of generation_lengths).
 DFLASH_API int32_t dflash_tree_mask_cpu(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
-    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
+    int32_t num_nodes, int32_t max_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
     DFlashErrorDetail* detail);
+
+//! 1 when the TensorRT plugins' enqueue() returns without work (IS_BUILDING=1: TensorRT
+//! is building; see enqueue_guard.h), else 0.
+DFLASH_API int32_t dflash_enqueue_skipped_while_building(void);
 
 //! DFlashKVCompact on a linear cache. layer_caches[l] points to layer l's buffer
 //! [batch, 2, num_kv_heads, max_seq_len, head_bytes] (bytes). For each sequence b
@@ -76,7 +80,8 @@ DFLASH_API int32_t dflash_compact_tail_cpu(void* tensor, int64_t outer, int64_t 
 // DFLASH_ERR_BAD_GEOMETRY where the CUDA launcher returns cudaErrorInvalidValue.
 
 DFLASH_API int32_t dflash_emulate_tree_mask_kernel(int32_t const* parents, int32_t const* generation_lengths,
-    int32_t batch, int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out);
+    int32_t batch, int32_t num_nodes, int32_t max_nodes, int32_t* packed_mask, int32_t* position_offsets,
+    int32_t* lengths_out);
 
 DFLASH_API int32_t dflash_emulate_kv_compact_linear_kernel(void* const* layer_caches, int32_t num_layers,
     int32_t batch, int32_t num_kv_heads, int32_t max_seq_len, int32_t head_bytes, int32_t const* past_lengths,

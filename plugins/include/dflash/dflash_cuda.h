@@ -20,8 +20,8 @@ extern "C" {
 #endif
 
 DFLASH_API int32_t dflash_tree_mask_cuda(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
-    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out, void* stream,
-    DFlashErrorDetail* detail);
+    int32_t num_nodes, int32_t max_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
+    void* stream, DFlashErrorDetail* detail);
 
 DFLASH_API int32_t dflash_kv_compact_linear_cuda(void* const* layer_caches, int32_t num_layers, int32_t batch,
     int32_t num_kv_heads, int32_t max_seq_len, int32_t head_bytes, int32_t const* past_lengths,

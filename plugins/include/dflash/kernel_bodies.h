@@ -46,35 +46,40 @@ struct PagedLayerChunk
 
 // ------------------------------------------------------------------- tree mask
 
-//! One thread = one mask row `row` in [0, batch * numNodes).
-DFLASH_HD void treeMaskThread(int64_t row, int32_t const* parents, int32_t const* generationLengths,
-    int32_t numNodes, int32_t numWords, int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut)
+//! One thread `t` in [0, batch * maxNodes): writes packed output row t (when
+//! t < batch * numNodes) and position-offset entry t. Every output element has exactly
+//! one writer, so the zero rows and padding need no separate pass.
+DFLASH_HD void treeMaskThread(int64_t t, int32_t const* parents, int32_t const* generationLengths, int32_t batch,
+    int32_t numNodes, int32_t maxNodes, int32_t numWords, int32_t* packedMask, int32_t* positionOffsets,
+    int32_t* lengthsOut)
 {
-    int32_t const seq = static_cast<int32_t>(row / numNodes);
-    int32_t const node = static_cast<int32_t>(row % numNodes);
-    // Clamp rather than trust: an out-of-range length must not make us read past the row.
-    int32_t length = generationLengths[seq];
-    length = length < 0 ? 0 : (length > numNodes ? numNodes : length);
-
-    uint32_t words[kMaxMaskWords];
-    int32_t depth = 0;
-    if (node < length)
+    if (t < static_cast<int64_t>(batch) * numNodes)
     {
-        depth = buildMaskRow(parents + static_cast<int64_t>(seq) * numNodes, node, words, numWords);
-    }
-    else
-    {
+        uint32_t words[kMaxMaskWords];
+        int32_t seq = 0;
+        int32_t node = 0;
+        if (packedRowOwner(generationLengths, batch, numNodes, t, &seq, &node))
+        {
+            buildMaskRow(parents + static_cast<int64_t>(seq) * numNodes, node, words, numWords);
+        }
+        else
+        {
+            for (int32_t w = 0; w < numWords; ++w)
+            {
+                words[w] = 0u;
+            }
+        }
+        int32_t* outRow = packedMask + t * numWords;
         for (int32_t w = 0; w < numWords; ++w)
         {
-            words[w] = 0u;
+            outRow[w] = static_cast<int32_t>(words[w]);
         }
     }
-    int32_t* outRow = packedMask + row * numWords;
-    for (int32_t w = 0; w < numWords; ++w)
-    {
-        outRow[w] = static_cast<int32_t>(words[w]);
-    }
-    positionOffsets[row] = depth;
+    int32_t const seq = static_cast<int32_t>(t / maxNodes);
+    int32_t const node = static_cast<int32_t>(t % maxNodes);
+    positionOffsets[t] = node < clampedLength(generationLengths, seq, numNodes)
+        ? nodeDepth(parents + static_cast<int64_t>(seq) * numNodes, node)
+        : 0;
     if (node == 0)
     {
         lengthsOut[seq] = generationLengths[seq];

@@ -1,12 +1,16 @@
 // Per-row logic of the DFlashTreeMask plugin, shared by the CUDA kernel
 // (src/cuda/tree_mask_kernels.cu) and the CPU library (src/cpu/dflash_cpu.cpp).
 //
-// Contract (identical to tensorrt_llm_dflash.tree.batched_tree_inputs):
+// Contract (identical to tensorrt_llm_dflash.tree.batched_tree_inputs), in the layout
+// TensorRT-LLM's gpt attention plugin reads (see docs/plugins.md for the kernel sources):
 //   parents [batch, N] int32, -1 at the root (index 0), parents[i] < i otherwise;
 //   lengths [batch] int32, 1 <= lengths[b] <= N; entries past the length are padding.
-//   packed  [batch, N, ceil(N/32)] int32: row i, word w, bit b (LSB first) is set iff
-//           node 32w+b is i itself or an ancestor of i; rows >= length are zero.
-//   offsets [batch, N] int32: the depth of each node (root = 0); zero past the length.
+//   M = max_nodes >= N: the engine's spec_decoding_max_generation_length (max_draft_len + 1).
+//   packed  [batch * N, ceil(M/32)] int32, rows packed tightly: node i of sequence b is
+//           row cu[b] + i with cu the exclusive prefix sum of lengths; word w, bit k (LSB
+//           first) is set iff node 32w+k is i itself or an ancestor of i; the rows from
+//           sum(lengths) on are zero. The XQA kernels read row r at r * ceil(M/32) words.
+//   offsets [batch, M] int32: the depth of each node (root = 0); zero past the length.
 #pragma once
 
 #include "dflash/common.h"
@@ -60,6 +64,50 @@ DFLASH_HD int32_t validateTreeRow(
     *badIndex = -1;
     *badValue = 0;
     return DFLASH_OK;
+}
+
+//! Depth of `node` (root = 0), following parents only while they precede their child.
+DFLASH_HD int32_t nodeDepth(int32_t const* parents, int32_t node)
+{
+    int32_t depth = 0;
+    int32_t current = node;
+    while (true)
+    {
+        int32_t const parent = parents[current];
+        if (parent < 0 || parent >= current)
+        {
+            return depth;
+        }
+        current = parent;
+        ++depth;
+    }
+}
+
+//! A sequence's generation length clamped to 0..numNodes (a kernel must not trust it).
+DFLASH_HD int32_t clampedLength(int32_t const* lengths, int32_t seq, int32_t numNodes)
+{
+    int32_t const length = lengths[seq];
+    return length < 0 ? 0 : (length > numNodes ? numNodes : length);
+}
+
+//! Which (sequence, node) output row `row` of the tightly packed mask belongs to.
+//! Returns false for a row past the last sequence's last node (a zero row).
+DFLASH_HD bool packedRowOwner(
+    int32_t const* lengths, int32_t batch, int32_t numNodes, int64_t row, int32_t* seq, int32_t* node)
+{
+    int64_t begin = 0;
+    for (int32_t s = 0; s < batch; ++s)
+    {
+        int32_t const length = clampedLength(lengths, s, numNodes);
+        if (row < begin + length)
+        {
+            *seq = s;
+            *node = static_cast<int32_t>(row - begin);
+            return true;
+        }
+        begin += length;
+    }
+    return false;
 }
 
 //! Build the packed ancestor row of `node` into words[0..numWords) and return its depth.

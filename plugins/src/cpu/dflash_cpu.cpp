@@ -4,6 +4,7 @@
 
 #include "dflash/dflash_cpu.h"
 #include "dflash/kv_compact_core.h"
+#include "dflash/enqueue_guard.h"
 #include "dflash/tree_mask_core.h"
 
 #include <cstring>
@@ -13,7 +14,7 @@ namespace
 
 using dflash::reportError;
 
-constexpr int32_t kAbiVersion = 1;
+constexpr int32_t kAbiVersion = 2;
 
 char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "ok",
@@ -99,7 +100,7 @@ char const* dflash_error_string(int32_t code)
 }
 
 int32_t dflash_tree_mask_cpu(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
-    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
+    int32_t num_nodes, int32_t max_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
     DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
@@ -110,6 +111,10 @@ int32_t dflash_tree_mask_cpu(int32_t const* parents, int32_t const* generation_l
     if (num_nodes < 1 || num_nodes > dflash::kMaxTreeNodes)
     {
         return reportError(detail, DFLASH_ERR_TREE_TOO_LARGE, -1, -1, num_nodes);
+    }
+    if (max_nodes < num_nodes || max_nodes > dflash::kMaxTreeNodes)
+    {
+        return reportError(detail, DFLASH_ERR_TREE_TOO_LARGE, -1, -1, max_nodes);
     }
     if (batch > 0
         && (parents == nullptr || generation_lengths == nullptr || packed_mask == nullptr
@@ -129,30 +134,29 @@ int32_t dflash_tree_mask_cpu(int32_t const* parents, int32_t const* generation_l
         }
     }
 
-    int32_t const numWords = dflash::maskWordsFor(num_nodes);
+    int32_t const numWords = dflash::maskWordsFor(max_nodes);
+    std::memset(packed_mask, 0, sizeof(int32_t) * static_cast<size_t>(batch) * num_nodes * numWords);
+    std::memset(position_offsets, 0, sizeof(int32_t) * static_cast<size_t>(batch) * max_nodes);
     uint32_t rowWords[dflash::kMaxMaskWords];
+    int64_t row = 0; // rows packed tightly: sequence after sequence, each its own length
     for (int32_t seq = 0; seq < batch; ++seq)
     {
         int32_t const* rowParents = parents + static_cast<int64_t>(seq) * num_nodes;
         int32_t const length = generation_lengths[seq];
-        for (int32_t node = 0; node < num_nodes; ++node)
+        for (int32_t node = 0; node < length; ++node, ++row)
         {
-            int64_t const row = static_cast<int64_t>(seq) * num_nodes + node;
-            int32_t depth = 0;
-            if (node < length)
-            {
-                depth = dflash::buildMaskRow(rowParents, node, rowWords, numWords);
-            }
-            else
-            {
-                std::memset(rowWords, 0, sizeof(uint32_t) * static_cast<size_t>(numWords));
-            }
+            int32_t const depth = dflash::buildMaskRow(rowParents, node, rowWords, numWords);
             std::memcpy(packed_mask + row * numWords, rowWords, sizeof(uint32_t) * static_cast<size_t>(numWords));
-            position_offsets[row] = depth;
+            position_offsets[static_cast<int64_t>(seq) * max_nodes + node] = depth;
         }
         lengths_out[seq] = length;
     }
     return DFLASH_OK;
+}
+
+int32_t dflash_enqueue_skipped_while_building(void)
+{
+    return dflash::skipEnqueueWhileBuilding() ? 1 : 0;
 }
 
 int32_t dflash_kv_compact_linear_cpu(void* const* layer_caches, int32_t num_layers, int32_t batch,

@@ -37,23 +37,23 @@ void runGrid(int32_t gridX, int32_t gridY, int32_t gridZ, Body body)
 extern "C" {
 
 int32_t dflash_emulate_tree_mask_kernel(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
-    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out)
+    int32_t num_nodes, int32_t max_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out)
 {
-    if (batch < 0 || num_nodes < 1 || num_nodes > dflash::kMaxTreeNodes)
+    if (batch < 0 || num_nodes < 1 || max_nodes < num_nodes || max_nodes > dflash::kMaxTreeNodes)
     {
         return DFLASH_ERR_BAD_GEOMETRY;
     }
-    int64_t const rows = static_cast<int64_t>(batch) * num_nodes;
-    auto const blocks = static_cast<int32_t>((rows + kThreadsPerBlock - 1) / kThreadsPerBlock);
-    int32_t const numWords = dflash::maskWordsFor(num_nodes);
+    int64_t const threads = static_cast<int64_t>(batch) * max_nodes;
+    auto const blocks = static_cast<int32_t>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock);
+    int32_t const numWords = dflash::maskWordsFor(max_nodes);
     runGrid(blocks, 1, 1,
         [&](int32_t x, int32_t, int32_t, int32_t thread)
         {
-            int64_t const row = static_cast<int64_t>(x) * kThreadsPerBlock + thread;
-            if (row < rows)
+            int64_t const t = static_cast<int64_t>(x) * kThreadsPerBlock + thread;
+            if (t < threads)
             {
-                dflash::treeMaskThread(row, parents, generation_lengths, num_nodes, numWords, packed_mask,
-                    position_offsets, lengths_out);
+                dflash::treeMaskThread(t, parents, generation_lengths, batch, num_nodes, max_nodes, numWords,
+                    packed_mask, position_offsets, lengths_out);
             }
         });
     return DFLASH_OK;

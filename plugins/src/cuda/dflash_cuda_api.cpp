@@ -22,10 +22,10 @@ int32_t statusOf(cudaError_t error, DFlashErrorDetail* detail)
 extern "C" {
 
 int32_t dflash_tree_mask_cuda(int32_t const* parents, int32_t const* generation_lengths, int32_t batch,
-    int32_t num_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out, void* stream,
-    DFlashErrorDetail* detail)
+    int32_t num_nodes, int32_t max_nodes, int32_t* packed_mask, int32_t* position_offsets, int32_t* lengths_out,
+    void* stream, DFlashErrorDetail* detail)
 {
-    return statusOf(dflash::launchTreeMask(parents, generation_lengths, batch, num_nodes, packed_mask,
+    return statusOf(dflash::launchTreeMask(parents, generation_lengths, batch, num_nodes, max_nodes, packed_mask,
                         position_offsets, lengths_out, static_cast<cudaStream_t>(stream)),
         detail);
 }

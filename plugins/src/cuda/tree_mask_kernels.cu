@@ -11,33 +11,35 @@ namespace dflash
 namespace
 {
 
-__global__ void treeMaskKernel(int32_t const* parents, int32_t const* generationLengths, int64_t rows,
-    int32_t numNodes, int32_t numWords, int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut)
+__global__ void treeMaskKernel(int32_t const* parents, int32_t const* generationLengths, int32_t batch,
+    int32_t numNodes, int32_t maxNodes, int32_t numWords, int32_t* packedMask, int32_t* positionOffsets,
+    int32_t* lengthsOut)
 {
-    int64_t const row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (row < rows)
+    int64_t const t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t < static_cast<int64_t>(batch) * maxNodes)
     {
-        treeMaskThread(row, parents, generationLengths, numNodes, numWords, packedMask, positionOffsets, lengthsOut);
+        treeMaskThread(t, parents, generationLengths, batch, numNodes, maxNodes, numWords, packedMask,
+            positionOffsets, lengthsOut);
     }
 }
 
 } // namespace
 
 cudaError_t launchTreeMask(int32_t const* parents, int32_t const* generationLengths, int32_t batch, int32_t numNodes,
-    int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut, cudaStream_t stream)
+    int32_t maxNodes, int32_t* packedMask, int32_t* positionOffsets, int32_t* lengthsOut, cudaStream_t stream)
 {
-    if (batch < 0 || numNodes < 1 || numNodes > kMaxTreeNodes)
+    if (batch < 0 || numNodes < 1 || maxNodes < numNodes || maxNodes > kMaxTreeNodes)
     {
         return cudaErrorInvalidValue;
     }
-    int64_t const rows = static_cast<int64_t>(batch) * numNodes;
-    if (rows == 0)
+    int64_t const threads = static_cast<int64_t>(batch) * maxNodes;
+    if (threads == 0)
     {
         return cudaSuccess;
     }
-    auto const blocks = static_cast<unsigned int>((rows + kThreadsPerBlock - 1) / kThreadsPerBlock);
-    treeMaskKernel<<<blocks, kThreadsPerBlock, 0, stream>>>(parents, generationLengths, rows, numNodes,
-        maskWordsFor(numNodes), packedMask, positionOffsets, lengthsOut);
+    auto const blocks = static_cast<unsigned int>((threads + kThreadsPerBlock - 1) / kThreadsPerBlock);
+    treeMaskKernel<<<blocks, kThreadsPerBlock, 0, stream>>>(parents, generationLengths, batch, numNodes, maxNodes,
+        maskWordsFor(maxNodes), packedMask, positionOffsets, lengthsOut);
     return cudaGetLastError();
 }
 

@@ -1,9 +1,11 @@
 #include "kv_compact_plugin.h"
 
 #include "dflash/cuda_kernels.h"
+#include "dflash/enqueue_guard.h"
 #include "dflash/kv_compact_core.h"
 
 #include <new>
+#include <utility>
 
 namespace dflash::trt
 {
@@ -17,7 +19,6 @@ Int32FieldSpec const KVCompactPlugin::kFieldSpecs[kNbFields] = {
     {"head_size", kRequired, 1, 1 << 16},
     {"elem_bytes", 2, 1, 8},                 // 1 for fp8/int8 caches, 2 for fp16/bf16, 4 for fp32
     {"tokens_per_block", 64, 1, 1 << 16},    // paged only; must be a power of two
-    {"max_seq_len", 0, 0, INT32_MAX},        // linear only; the cache's max_seq dimension
 };
 
 bool KVCompactPlugin::validAttributes(int32_t const* values) noexcept
@@ -25,11 +26,6 @@ bool KVCompactPlugin::validAttributes(int32_t const* values) noexcept
     if (values[kFieldLayout] == kPaged && !isPowerOfTwo(values[kFieldTokensPerBlock]))
     {
         logPluginError(kName, "tokens_per_block must be a power of two");
-        return false;
-    }
-    if (values[kFieldLayout] == kLinear && values[kFieldMaxSeqLen] < 1)
-    {
-        logPluginError(kName, "the linear layout needs max_seq_len >= 1");
         return false;
     }
     if (static_cast<int64_t>(values[kFieldHeadSize]) * values[kFieldElemBytes] > INT32_MAX)
@@ -40,18 +36,50 @@ bool KVCompactPlugin::validAttributes(int32_t const* values) noexcept
     return true;
 }
 
-KVCompactPlugin::KVCompactPlugin(int32_t const* values)
-    : mFieldValues{values[0], values[1], values[2], values[3], values[4], values[5], values[6]}
+KVCompactPlugin::KVCompactPlugin(int32_t const* values, std::string pluginNamespace)
+    : mFieldValues{values[0], values[1], values[2], values[3], values[4], values[5]}
+    , mNamespace(std::move(pluginNamespace))
     , mFields(fieldsPointingAt(kFieldSpecs, kNbFields, mFieldValues))
 {
     mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
     mFieldCollection.fields = mFields.data();
 }
 
-DataType KVCompactPlugin::inputType(int32_t index) const noexcept
+namespace
 {
-    bool const pointerTable = paged() ? index == kHostPoolPointers : index == kHostLayerPointers;
-    return pointerTable ? DataType::kINT64 : DataType::kINT32;
+
+int32_t sizeOf(DataType type) noexcept
+{
+    switch (type)
+    {
+    case DataType::kFLOAT:
+    case DataType::kINT32: return 4;
+    case DataType::kHALF:
+    case DataType::kBF16: return 2;
+    case DataType::kINT8:
+    case DataType::kFP8:
+    case DataType::kUINT8:
+    case DataType::kBOOL: return 1;
+    case DataType::kINT64: return 8;
+    default: return 0;
+    }
+}
+
+} // namespace
+
+bool KVCompactPlugin::inputTypeOk(int32_t index, DataType type) const noexcept
+{
+    if (isLayerCache(index))
+    {
+        bool const cacheType = type == DataType::kFLOAT || type == DataType::kHALF || type == DataType::kBF16
+            || type == DataType::kINT8 || type == DataType::kFP8;
+        return cacheType && sizeOf(type) == mFieldValues[kFieldElemBytes];
+    }
+    if (paged() && index == kHostPoolPointers)
+    {
+        return type == DataType::kINT64;
+    }
+    return type == DataType::kINT32;
 }
 
 int32_t KVCompactPlugin::inputRank(int32_t index) const noexcept
@@ -65,7 +93,7 @@ int32_t KVCompactPlugin::inputRank(int32_t index) const noexcept
     }
     if (!paged())
     {
-        return 1; // host layer pointers [num_layers]
+        return 5; // a layer's cache [batch, 2, heads, max_seq_len, head_size]
     }
     return index == kBlockOffsets ? 4 : 2;
 }
@@ -88,7 +116,17 @@ bool KVCompactPlugin::shapesConsistent(nvinfer1::PluginTensorDesc const* in) con
     int64_t const layers = mFieldValues[kFieldNumLayers];
     if (!paged())
     {
-        return in[kHostLayerPointers].dims.d[0] == layers;
+        int64_t const maxSeqLen = in[kFirstLayerCache].dims.d[3];
+        for (int32_t l = 0; l < layers; ++l)
+        {
+            nvinfer1::Dims const& d = in[kFirstLayerCache + l].dims;
+            if (d.d[0] != batch || d.d[1] != 2 || d.d[2] != mFieldValues[kFieldNumKVHeads] || d.d[3] != maxSeqLen
+                || d.d[3] < 1 || d.d[4] != mFieldValues[kFieldHeadSize])
+            {
+                return false;
+            }
+        }
+        return true;
     }
     nvinfer1::Dims const& offsets = in[kBlockOffsets].dims;
     nvinfer1::Dims const& pools = in[kHostPoolPointers].dims;
@@ -112,7 +150,7 @@ nvinfer1::IPluginCapability* KVCompactPlugin::getCapabilityInterface(nvinfer1::P
 
 nvinfer1::IPluginV3* KVCompactPlugin::clone() noexcept
 {
-    return new (std::nothrow) KVCompactPlugin(mFieldValues);
+    return new (std::nothrow) KVCompactPlugin(mFieldValues, mNamespace);
 }
 
 // --------------------------------------------------------------- IPluginV3OneCore
@@ -129,7 +167,7 @@ char const* KVCompactPlugin::getPluginVersion() const noexcept
 
 char const* KVCompactPlugin::getPluginNamespace() const noexcept
 {
-    return kPluginNamespace;
+    return mNamespace.c_str();
 }
 
 // -------------------------------------------------------------- IPluginV3OneBuild
@@ -145,14 +183,15 @@ int32_t KVCompactPlugin::getOutputDataTypes(
     if (nbInputs != this->nbInputs() || nbOutputs != kNbOutputs)
     {
         logPluginError(kName, paged() ? "the paged layout takes 6 inputs and gives 1 output"
-                                      : "the linear layout takes 4 inputs and gives 1 output");
+                                      : "the linear layout takes 3 + num_layers inputs and gives 1 output");
         return -1;
     }
     for (int32_t i = 0; i < nbInputs; ++i)
     {
-        if (inputTypes[i] != inputType(i))
+        if (!inputTypeOk(i, inputTypes[i]))
         {
-            logPluginError(kName, "input types: INT32 everywhere except the INT64 host pointer table");
+            logPluginError(kName, "input types: INT32, the INT64 pool pointer table (paged), KV caches of "
+                                  "elem_bytes-sized elements (linear)");
             return -1;
         }
     }
@@ -188,8 +227,11 @@ bool KVCompactPlugin::supportsFormatCombination(
     {
         return false;
     }
-    DataType const type = pos < nbInputs ? inputType(pos) : DataType::kINT32;
-    return isLinear(inOut[pos].desc, type);
+    if (pos < nbInputs && !inputTypeOk(pos, inOut[pos].desc.type))
+    {
+        return false;
+    }
+    return isLinear(inOut[pos].desc, pos < nbInputs ? inOut[pos].desc.type : DataType::kINT32);
 }
 
 int32_t KVCompactPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
@@ -206,13 +248,16 @@ int32_t KVCompactPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const
             return -1;
         }
     }
-    // The layer pointer / pool mapping tables must describe exactly num_layers layers.
-    int32_t const table = paged() ? kHostPoolMapping : kHostLayerPointers;
-    int64_t const rows = in[table].max.d[0];
-    if (rows != -1 && rows != mFieldValues[kFieldNumLayers] && in[table].min.d[0] == in[table].max.d[0])
+    // The pool mapping table must describe exactly num_layers layers.
+    if (paged())
     {
-        logPluginError(kName, "the layer table's first dimension must equal num_layers");
-        return -1;
+        int64_t const rows = in[kHostPoolMapping].max.d[0];
+        if (rows != -1 && rows != mFieldValues[kFieldNumLayers]
+            && in[kHostPoolMapping].min.d[0] == in[kHostPoolMapping].max.d[0])
+        {
+            logPluginError(kName, "the pool mapping's first dimension must equal num_layers");
+            return -1;
+        }
     }
     return 0;
 }
@@ -239,6 +284,10 @@ int32_t KVCompactPlugin::onShapeChange(nvinfer1::PluginTensorDesc const* in, int
 int32_t KVCompactPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const*,
     void const* const* inputs, void* const* outputs, void*, cudaStream_t stream) noexcept
 {
+    if (skipEnqueueWhileBuilding())
+    {
+        return 0; // TensorRT timing the layer: its buffers hold no valid cache addresses
+    }
     auto const batch = static_cast<int32_t>(inputDesc[kAcceptedNodes].dims.d[0]);
     auto const maxAccepted = static_cast<int32_t>(inputDesc[kAcceptedNodes].dims.d[1]);
     auto const* accepted = static_cast<int32_t const*>(inputs[kAcceptedNodes]);
@@ -260,10 +309,12 @@ int32_t KVCompactPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nv
     }
     else
     {
-        auto* const* layerPointers = static_cast<void* const*>(inputs[kHostLayerPointers]);
-        status = launchKVCompactLinear(layerPointers, mFieldValues[kFieldNumLayers], batch,
-            mFieldValues[kFieldNumKVHeads], mFieldValues[kFieldMaxSeqLen], headBytes, past, accepted, maxAccepted,
-            numAccepted, stream);
+        // The caches are inputs written in place (see the header); their device addresses
+        // travel to the kernel by value, kLayersPerLaunch at a time.
+        auto* const* layerCaches = const_cast<void* const*>(inputs + kFirstLayerCache);
+        status = launchKVCompactLinear(layerCaches, mFieldValues[kFieldNumLayers], batch,
+            mFieldValues[kFieldNumKVHeads], static_cast<int32_t>(inputDesc[kFirstLayerCache].dims.d[3]), headBytes,
+            past, accepted, maxAccepted, numAccepted, stream);
     }
     if (status == cudaSuccess)
     {
@@ -306,7 +357,7 @@ nvinfer1::IPluginV3* KVCompactPluginCreator::createPlugin(
     {
         return nullptr;
     }
-    return new (std::nothrow) KVCompactPlugin(values);
+    return new (std::nothrow) KVCompactPlugin(values, mNamespace);
 }
 
 nvinfer1::PluginFieldCollection const* KVCompactPluginCreator::getFieldNames() noexcept
@@ -326,7 +377,12 @@ char const* KVCompactPluginCreator::getPluginVersion() const noexcept
 
 char const* KVCompactPluginCreator::getPluginNamespace() const noexcept
 {
-    return kPluginNamespace;
+    return mNamespace.c_str();
+}
+
+void KVCompactPluginCreator::setPluginNamespace(char const* pluginNamespace) noexcept
+{
+    mNamespace = pluginNamespace == nullptr ? "" : pluginNamespace;
 }
 
 } // namespace dflash::trt

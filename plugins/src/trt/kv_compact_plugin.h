@@ -2,16 +2,21 @@
 // committed prefix, in place, for every layer, in TensorRT-LLM's linear or paged
 // KV cache. Same V3One interfaces as tree_mask_plugin.h; contract in docs/plugins.md.
 //
-// The caches are reached through raw pointers (exactly how the gpt attention plugin
-// reaches the paged pools), so TensorRT sees no data dependency on them. The output,
-// the committed lengths past + num_accepted, is what orders the plugin: feed it to
-// whatever must run after the compaction (e.g. the next attention's lengths).
+// Linear layout: the layers' KV buffers (the engine's past_key_value_{i} inputs) are
+// plugin inputs and are updated in place, as the gpt attention plugin updates the buffer
+// bound to both past_key_value_{i} and present_key_value_{i}. Paged layout: the pools are
+// reached through TensorRT-LLM's own host pointer tables, as the gpt attention plugin
+// reaches them. Either way TensorRT sees no write, so the output, the committed lengths
+// past + num_accepted, is what orders the plugin: feed it to whatever must run after the
+// compaction (the attention's sequence lengths). enqueue() does nothing while TensorRT
+// builds (IS_BUILDING=1, enqueue_guard.h): the builder's buffers hold no valid addresses.
 #pragma once
 
 #include "plugin_fields.h"
 
 #include <NvInferRuntime.h>
 
+#include <string>
 #include <vector>
 
 namespace dflash::trt
@@ -40,15 +45,15 @@ public:
     static constexpr int32_t kHostPoolPointers = 4; //!< int64 [num_pools, 2], host
     static constexpr int32_t kHostPoolMapping = 5; //!< int32 [num_layers, 2], host
     static constexpr int32_t kNbPagedInputs = 6;
-    // Linear layout.
-    static constexpr int32_t kHostLayerPointers = 3; //!< int64 [num_layers], host
-    static constexpr int32_t kNbLinearInputs = 4;
+    // Linear layout: inputs 3 .. 3 + num_layers - 1 are the layers' KV buffers
+    // [batch, 2, num_kv_heads, max_seq_len, head_size], any type of elem_bytes bytes.
+    static constexpr int32_t kFirstLayerCache = 3;
     // Output.
     static constexpr int32_t kCommittedLengths = 0; //!< int32 [batch]
     static constexpr int32_t kNbOutputs = 1;
 
     //! Attributes, in this order: layout, num_layers, num_kv_heads, head_size,
-    //! elem_bytes, tokens_per_block (paged), max_seq_len (linear).
+    //! elem_bytes, tokens_per_block (paged).
     enum Field : int32_t
     {
         kFieldLayout = 0,
@@ -57,7 +62,6 @@ public:
         kFieldHeadSize,
         kFieldElemBytes,
         kFieldTokensPerBlock,
-        kFieldMaxSeqLen,
         kNbFields
     };
     static Int32FieldSpec const kFieldSpecs[kNbFields];
@@ -65,7 +69,7 @@ public:
     //! Checks the cross-field rules the per-field ranges cannot express.
     static bool validAttributes(int32_t const* values) noexcept;
 
-    explicit KVCompactPlugin(int32_t const* values);
+    KVCompactPlugin(int32_t const* values, std::string pluginNamespace);
     ~KVCompactPlugin() override = default;
     KVCompactPlugin(KVCompactPlugin const&) = delete;
     KVCompactPlugin& operator=(KVCompactPlugin const&) = delete;
@@ -108,15 +112,21 @@ private:
     }
     int32_t nbInputs() const noexcept
     {
-        return paged() ? kNbPagedInputs : kNbLinearInputs;
+        return paged() ? kNbPagedInputs : kFirstLayerCache + mFieldValues[kFieldNumLayers];
     }
-    //! Type of input `index` in this layout (host pointer tables are INT64).
-    nvinfer1::DataType inputType(int32_t index) const noexcept;
+    bool isLayerCache(int32_t index) const noexcept
+    {
+        return !paged() && index >= kFirstLayerCache;
+    }
+    //! Whether input `index` may have `type` (pool pointers INT64, caches any type of
+    //! elem_bytes bytes, everything else INT32).
+    bool inputTypeOk(int32_t index, nvinfer1::DataType type) const noexcept;
     //! Rank of input `index` in this layout.
     int32_t inputRank(int32_t index) const noexcept;
     bool shapesConsistent(nvinfer1::PluginTensorDesc const* in) const noexcept;
 
     int32_t mFieldValues[kNbFields];
+    std::string mNamespace;
     std::vector<nvinfer1::PluginField> mFields;
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };
@@ -133,8 +143,11 @@ public:
     char const* getPluginName() const noexcept override;
     char const* getPluginVersion() const noexcept override;
     char const* getPluginNamespace() const noexcept override;
+    //! The namespace this creator is registered under (initDFlashPlugins sets it first).
+    void setPluginNamespace(char const* pluginNamespace) noexcept;
 
 private:
+    std::string mNamespace{kDefaultPluginNamespace};
     std::vector<nvinfer1::PluginField> mFieldNames;
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };

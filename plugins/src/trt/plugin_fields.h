@@ -5,13 +5,17 @@
 #include <NvInferRuntime.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace dflash::trt
 {
 
-//! Namespace and version of both plugins (IPluginV3OneCore / IPluginCreatorV3One).
-constexpr char const* kPluginNamespace = "dflash";
+//! Version of both plugins and the namespace they are registered under unless
+//! initDFlashPlugins() is given another (plugin_registration.cpp): the creators, the
+//! plugins they create and the registry entry always carry the same namespace, because
+//! TensorRT finds a creator by (name, version, namespace) when it deserializes an engine.
+constexpr char const* kDefaultPluginNamespace = "dflash";
 constexpr char const* kPluginVersion = "1";
 
 //! One int32 plugin attribute: name, default (used when the field is absent;

@@ -2,8 +2,11 @@
 
 #include "dflash/common.h"
 #include "dflash/cuda_kernels.h"
+#include "dflash/enqueue_guard.h"
+#include "dflash/tree_mask_core.h"
 
 #include <new>
+#include <utility>
 
 namespace dflash::trt
 {
@@ -14,8 +17,9 @@ Int32FieldSpec const TreeMaskPlugin::kFieldSpecs[1] = {
     {"max_nodes", kMaxTreeNodes, 1, kMaxTreeNodes},
 };
 
-TreeMaskPlugin::TreeMaskPlugin(int32_t maxNodes)
+TreeMaskPlugin::TreeMaskPlugin(int32_t maxNodes, std::string pluginNamespace)
     : mFieldValues{maxNodes}
+    , mNamespace(std::move(pluginNamespace))
     , mFields(fieldsPointingAt(kFieldSpecs, 1, mFieldValues))
 {
     mFieldCollection.nbFields = static_cast<int32_t>(mFields.size());
@@ -37,7 +41,7 @@ nvinfer1::IPluginCapability* TreeMaskPlugin::getCapabilityInterface(nvinfer1::Pl
 
 nvinfer1::IPluginV3* TreeMaskPlugin::clone() noexcept
 {
-    return new (std::nothrow) TreeMaskPlugin(maxNodes());
+    return new (std::nothrow) TreeMaskPlugin(maxNodes(), mNamespace);
 }
 
 // --------------------------------------------------------------- IPluginV3OneCore
@@ -54,7 +58,7 @@ char const* TreeMaskPlugin::getPluginVersion() const noexcept
 
 char const* TreeMaskPlugin::getPluginNamespace() const noexcept
 {
-    return kPluginNamespace;
+    return mNamespace.c_str();
 }
 
 // -------------------------------------------------------------- IPluginV3OneBuild
@@ -90,21 +94,21 @@ int32_t TreeMaskPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, int32
         logPluginError(kName, "expects parents [batch, N] and generation_lengths [batch], no shape inputs");
         return -1;
     }
+    // The layout the gpt attention plugin reads (docs/plugins.md): mask rows packed by
+    // generation length, ceil(max_nodes / 32) words each; offsets max_nodes wide.
     nvinfer1::IDimensionExpr const* batch = inputs[kParents].d[0];
     nvinfer1::IDimensionExpr const* nodes = inputs[kParents].d[1];
-    nvinfer1::IDimensionExpr const* words
-        = exprBuilder.operation(nvinfer1::DimensionOperation::kCEIL_DIV, *nodes, *exprBuilder.constant(32));
-    if (words == nullptr)
+    nvinfer1::IDimensionExpr const* rows = exprBuilder.operation(nvinfer1::DimensionOperation::kPROD, *batch, *nodes);
+    if (rows == nullptr)
     {
         return -1;
     }
-    outputs[kPackedMask].nbDims = 3;
-    outputs[kPackedMask].d[0] = batch;
-    outputs[kPackedMask].d[1] = nodes;
-    outputs[kPackedMask].d[2] = words;
+    outputs[kPackedMask].nbDims = 2;
+    outputs[kPackedMask].d[0] = rows;
+    outputs[kPackedMask].d[1] = exprBuilder.constant(maskWordsFor(maxNodes()));
     outputs[kPositionOffsets].nbDims = 2;
     outputs[kPositionOffsets].d[0] = batch;
-    outputs[kPositionOffsets].d[1] = nodes;
+    outputs[kPositionOffsets].d[1] = exprBuilder.constant(maxNodes());
     outputs[kLengthsOut].nbDims = 1;
     outputs[kLengthsOut].d[0] = batch;
     return 0;
@@ -167,10 +171,14 @@ int32_t TreeMaskPlugin::onShapeChange(nvinfer1::PluginTensorDesc const* in, int3
 int32_t TreeMaskPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const*,
     void const* const* inputs, void* const* outputs, void*, cudaStream_t stream) noexcept
 {
+    if (skipEnqueueWhileBuilding())
+    {
+        return 0;
+    }
     auto const batch = static_cast<int32_t>(inputDesc[kParents].dims.d[0]);
     auto const nodes = static_cast<int32_t>(inputDesc[kParents].dims.d[1]);
     cudaError_t const status = launchTreeMask(static_cast<int32_t const*>(inputs[kParents]),
-        static_cast<int32_t const*>(inputs[kGenerationLengths]), batch, nodes,
+        static_cast<int32_t const*>(inputs[kGenerationLengths]), batch, nodes, maxNodes(),
         static_cast<int32_t*>(outputs[kPackedMask]), static_cast<int32_t*>(outputs[kPositionOffsets]),
         static_cast<int32_t*>(outputs[kLengthsOut]), stream);
     if (status != cudaSuccess)
@@ -210,7 +218,7 @@ nvinfer1::IPluginV3* TreeMaskPluginCreator::createPlugin(
     {
         return nullptr;
     }
-    return new (std::nothrow) TreeMaskPlugin(values[0]);
+    return new (std::nothrow) TreeMaskPlugin(values[0], mNamespace);
 }
 
 nvinfer1::PluginFieldCollection const* TreeMaskPluginCreator::getFieldNames() noexcept
@@ -230,7 +238,12 @@ char const* TreeMaskPluginCreator::getPluginVersion() const noexcept
 
 char const* TreeMaskPluginCreator::getPluginNamespace() const noexcept
 {
-    return kPluginNamespace;
+    return mNamespace.c_str();
+}
+
+void TreeMaskPluginCreator::setPluginNamespace(char const* pluginNamespace) noexcept
+{
+    mNamespace = pluginNamespace == nullptr ? "" : pluginNamespace;
 }
 
 } // namespace dflash::trt

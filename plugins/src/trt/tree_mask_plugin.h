@@ -10,6 +10,7 @@
 
 #include <NvInferRuntime.h>
 
+#include <string>
 #include <vector>
 
 namespace dflash::trt
@@ -34,7 +35,7 @@ public:
     //! Attribute "max_nodes": largest N an engine may feed (1..1024, default 1024).
     static Int32FieldSpec const kFieldSpecs[1];
 
-    explicit TreeMaskPlugin(int32_t maxNodes);
+    TreeMaskPlugin(int32_t maxNodes, std::string pluginNamespace);
     ~TreeMaskPlugin() override = default;
     // mFields points into this object: copies go through clone() instead.
     TreeMaskPlugin(TreeMaskPlugin const&) = delete;
@@ -79,6 +80,7 @@ private:
 
     // Attribute values, in kFieldSpecs order; getFieldsToSerialize points into this.
     int32_t mFieldValues[1];
+    std::string mNamespace;
     std::vector<nvinfer1::PluginField> mFields;
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };
@@ -95,8 +97,11 @@ public:
     char const* getPluginName() const noexcept override;
     char const* getPluginVersion() const noexcept override;
     char const* getPluginNamespace() const noexcept override;
+    //! The namespace this creator is registered under (initDFlashPlugins sets it first).
+    void setPluginNamespace(char const* pluginNamespace) noexcept;
 
 private:
+    std::string mNamespace{kDefaultPluginNamespace};
     std::vector<nvinfer1::PluginField> mFieldNames;
     nvinfer1::PluginFieldCollection mFieldCollection{};
 };

@@ -123,6 +123,7 @@ class Graph:
     # -- build ----------------------------------------------------------------------------
     def live_layers(self) -> list[LayerRecord]:
         """Layers a marked output depends on (TensorRT removes dead layers)."""
+        by_lid = {layer.lid: layer for layer in self.layers}
         needed: set[int] = set()
         stack = list(self.outputs)
         while stack:
@@ -131,7 +132,7 @@ class Graph:
             if producer is None or producer in needed:
                 continue
             needed.add(producer)
-            stack.extend(t for t in self.layers[producer].inputs if t is not None)
+            stack.extend(t for t in by_lid[producer].inputs if t is not None)
         return [layer for layer in self.layers if layer.lid in needed]
 
     def validate(self, profiles: list[Any]) -> list[str]:

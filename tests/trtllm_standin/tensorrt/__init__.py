@@ -16,6 +16,7 @@ project never calls it).
 
 from __future__ import annotations
 
+import builtins
 import enum
 import os
 import pickle
@@ -128,7 +129,7 @@ class IPluginRegistry:
         self._creators: dict[tuple[str, str, str], Any] = {}
         self._sources: list[Callable[[], list[tuple[Any, str]]]] = []
 
-    def register_creator(self, creator: Any, plugin_namespace: str = "") -> bool:
+    def register_creator(self, creator: Any, plugin_namespace: str = "") -> builtins.bool:
         key = (creator.name, creator.plugin_version, plugin_namespace)
         if key in self._creators:
             return False
@@ -156,6 +157,10 @@ class IPluginRegistry:
 
 
 _registry = IPluginRegistry()
+# Plugin libraries the emulated device knows how to run, once the project loads them.
+from _emu.dflash_plugins import registered_creators as _dflash_creators  # noqa: E402
+
+_registry.add_dynamic_source(_dflash_creators)
 
 
 def get_plugin_registry() -> IPluginRegistry:
@@ -211,15 +216,15 @@ class ITensor:
         self._record.location = value.value
 
     @property
-    def is_network_input(self) -> bool:
+    def is_network_input(self) -> builtins.bool:
         return self._record.is_input
 
     @property
-    def is_network_output(self) -> bool:
+    def is_network_output(self) -> builtins.bool:
         return self._record.is_output
 
     @property
-    def is_shape_tensor(self) -> bool:
+    def is_shape_tensor(self) -> builtins.bool:
         return False
 
     def set_dimension_name(self, index: int, name: str) -> None:
@@ -282,11 +287,11 @@ class INetworkDefinition:
         self._views: dict[int, ITensor] = {}
 
     @property
-    def strongly_typed(self) -> bool:  # not a real property name; used by the stand-in Network
-        return bool(self._flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
+    def strongly_typed(self) -> builtins.bool:  # not a real property name; used by the stand-in Network
+        return builtins.bool(self._flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
 
-    def get_flag(self, flag: NetworkDefinitionCreationFlag) -> bool:
-        return bool(self._flags & (1 << int(flag)))
+    def get_flag(self, flag: NetworkDefinitionCreationFlag) -> builtins.bool:
+        return builtins.bool(self._flags & (1 << int(flag)))
 
     def _tensor(self, tid: int) -> ITensor:
         view = self._views.get(tid)
@@ -485,14 +490,14 @@ class IExecutionContext:
     def active_optimization_profile(self) -> int:
         return self._profile
 
-    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> builtins.bool:
         if not 0 <= profile_index < self.engine.num_optimization_profiles:
             return False
         self._profile = int(profile_index)
         self._inferred = None
         return True
 
-    def set_input_shape(self, name: str, shape: Sequence[int]) -> bool:
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> builtins.bool:
         """False (TensorRT logs an error) for an unknown input or a shape outside the active profile."""
         record = self.engine._graph.io_record(name)
         if record is None or not record.is_input:
@@ -521,7 +526,7 @@ class IExecutionContext:
             return self._shapes.get(name, tuple(record.shape))
         return tuple(self._infer()[record.tid])
 
-    def set_tensor_address(self, name: str, memory: int) -> bool:
+    def set_tensor_address(self, name: str, memory: int) -> builtins.bool:
         if self.engine._graph.io_record(name) is None:
             return False
         self._addresses[name] = int(memory)
@@ -530,7 +535,7 @@ class IExecutionContext:
     def get_tensor_address(self, name: str) -> int:
         return self._addresses.get(name, 0)
 
-    def execute_async_v3(self, stream_handle: int) -> bool:
+    def execute_async_v3(self, stream_handle: int) -> builtins.bool:
         graph = self.engine._graph
         shapes = self._infer()
         bound: dict[int, torch.Tensor] = {}

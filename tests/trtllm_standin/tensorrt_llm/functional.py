@@ -363,7 +363,7 @@ def _broadcast_static(a: Sequence[int], b: Sequence[int]) -> list[int]:
         elif y == 1 or x == y:
             out.append(x)
         elif x == -1 or y == -1:
-            out.append(max(x, y) if min(x, y) > 1 else -1)
+            out.append(builtins.max(x, y) if builtins.min(x, y) > 1 else -1)
         else:
             raise EmulationError(f"cannot broadcast static shapes {tuple(a)} and {tuple(b)}")
     return out
@@ -660,7 +660,7 @@ def view(input: Tensor, shape: Tensor | Sequence[int], zero_is_placeholder: bool
     if not isinstance(shape, (list, tuple)):
         raise TypeError(f"view: shape must be a Tensor or a sequence, got {type(shape)}")
     shape = [int(s) for s in shape]
-    assert sum(1 for s in shape if s == -1) <= 1, "view: at most one -1"
+    assert builtins.sum(1 for s in shape if s == -1) <= 1, "view: at most one -1"
     static = [input.shape[i] if (s == 0 and zero_is_placeholder) else s for i, s in enumerate(shape)]
     known = [d for d in input.shape]
     if -1 in static and -1 not in known:
@@ -730,11 +730,12 @@ def squeeze(input: Tensor, dim: int | Sequence[int] | None = None, zero_is_place
 
 
 def _vector(value, index: int, args, default=None):
-    if value is None:
-        return default
+    """A static list attribute, else the shape tensor at ``args[index]``, else ``default``."""
     if isinstance(value, (list, tuple)):
         return [int(v) for v in value]
-    return [int(v) for v in args[index].tolist()]
+    if index < len(args) and args[index] is not None:
+        return [int(v) for v in args[index].reshape(-1).tolist()]
+    return default
 
 
 def _k_slice(args, attrs):
@@ -906,7 +907,7 @@ def concat(inputs: Sequence[Tensor | int], dim: int = 0) -> Tensor:
     dim = dim_resolve_negative(dim, tensors[0].ndim())[0]
     static = list(tensors[0].shape)
     sizes = [t.shape[dim] for t in tensors]
-    static[dim] = -1 if -1 in sizes else sum(sizes)
+    static[dim] = -1 if -1 in sizes else builtins.sum(sizes)
     return _layer("CONCATENATION", _k_concat, tensors, [(tensors[0].dtype, static)], {"dim": dim})
 
 

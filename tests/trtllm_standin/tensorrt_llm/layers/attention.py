@@ -75,8 +75,8 @@ class AttentionParams:
         if gpt_attention_plugin:
             if use_kv_cache and self.sequence_length is None:
                 return False
-            if None in (self.context_lengths, self.host_request_types, self.max_context_length,
-                        self.host_runtime_perf_knobs, self.host_context_progress):
+            if any(x is None for x in (self.context_lengths, self.host_request_types, self.max_context_length,
+                                       self.host_runtime_perf_knobs, self.host_context_progress)):
                 return False
         if remove_input_padding and (self.host_context_lengths is None or not gpt_attention_plugin):
             return False
@@ -110,8 +110,8 @@ class KeyValueCacheParams:
 
     def is_valid(self, gpt_attention_plugin):
         if gpt_attention_plugin:
-            return None not in (self.host_past_key_value_lengths, self.host_max_attention_window_sizes,
-                                self.host_sink_token_length, self.cache_indirection)
+            return all(x is not None for x in (self.host_past_key_value_lengths, self.host_max_attention_window_sizes,
+                                               self.host_sink_token_length, self.cache_indirection))
         return True
 
 
