@@ -225,12 +225,18 @@ class Graph:
 
     # -- shape inference ------------------------------------------------------------------
     def infer_shapes(self, input_shapes: dict[str, tuple[int, ...]], lenient: bool = False) -> dict[int, tuple]:
-        values: dict[int, torch.Tensor | None] = {}
+        """Shapes of every tensor for these input shapes (TensorRT's shape inference).
+
+        Layers run on zero-filled stand-ins of the inputs (fast on tiny tensors; a layer that
+        fails on zeros is retried on meta tensors), while a flag per value tracks whether it
+        derives from execution data: a shape argument that does is refused, as TensorRT
+        refuses data-dependent shapes. Plugins only report their output shapes."""
+        values: dict[int, tuple[torch.Tensor, bool] | None] = {}
         for tid in self.inputs:
             record = self.tensors[tid]
             shape = input_shapes.get(record.name)
-            values[tid] = None if shape is None else torch.empty(
-                tuple(shape), dtype=physical_dtype(record.dtype), device="meta")
+            values[tid] = None if shape is None else (
+                torch.zeros(tuple(shape), dtype=physical_dtype(record.dtype)), True)
         layers = self.layers if lenient else self.live_layers()
         for layer in layers:
             args = [None if t is None else values.get(t) for t in layer.inputs]
@@ -239,14 +245,37 @@ class Graph:
                     values[t] = None
                 continue
             try:
-                outs = _run_layer(self, layer, args, meta=True)
+                outs = _infer_layer(self, layer, args)
             except EmulationError:
                 if not lenient:
                     raise
                 outs = [None] * len(layer.outputs)
             for t, v in zip(layer.outputs, outs):
                 values[t] = v
-        return {t: tuple(v.shape) for t, v in values.items() if v is not None}
+        return {t: tuple(v[0].shape) for t, v in values.items() if v is not None}
+
+
+def _infer_layer(graph: Graph, layer: LayerRecord, args: list) -> list:
+    tensors = [None if a is None else a[0] for a in args]
+    if layer.plugin is not None:
+        shapes = layer.plugin.infer_output_shapes(tensors)
+        return [(torch.zeros(tuple(s), dtype=physical_dtype(graph.tensors[t].dtype)), True)
+                for s, t in zip(shapes, layer.outputs)]
+    for i in layer.shape_args:
+        if args[i] is not None and args[i][1]:
+            raise DataDependentShape(f"layer {layer.name} ({layer.kind}): input {i} is a shape argument computed "
+                                     "from execution data")
+    data = layer.kind != "SHAPE" and any(a is not None and a[1] for i, a in enumerate(args)
+                                         if i not in layer.shape_args)
+    try:
+        outs = _run_layer(graph, layer, tensors, meta=False)
+    except (EmulationError, RuntimeError, ValueError, IndexError, ZeroDivisionError):
+        if not data:
+            raise
+        # The zeros were not valid data (an index of -1 ...): shapes only, on meta tensors.
+        meta_args = [t if i in layer.shape_args else _to_meta(t) for i, t in enumerate(tensors)]
+        outs = _run_layer(graph, layer, meta_args, meta=True)
+    return [(out, data) for out in outs]
 
 
 def _plugin_label(layer: LayerRecord) -> str:
@@ -276,7 +305,8 @@ def _to_meta(value: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _run_layer(graph: Graph, layer: LayerRecord, args: list[torch.Tensor | None], meta: bool,
-               out_buffers: list[torch.Tensor | None] | None = None) -> list[torch.Tensor]:
+               out_buffers: list[torch.Tensor | None] | None = None,
+               out_shapes: list[tuple] | None = None) -> list[torch.Tensor]:
     """One layer on meta tensors (shape inference) or real ones (execution)."""
     if layer.plugin is not None:
         if meta:
@@ -284,7 +314,7 @@ def _run_layer(graph: Graph, layer: LayerRecord, args: list[torch.Tensor | None]
             return [torch.empty(tuple(s), dtype=physical_dtype(graph.tensors[t].dtype), device="meta")
                     for s, t in zip(shapes, layer.outputs)]
         outs = [b if b is not None else _scratch(graph.tensors[t].dtype, s, random_fill=False)
-                for b, t, s in zip(out_buffers, layer.outputs, layer.attrs["_shapes"])]
+                for b, t, s in zip(out_buffers, layer.outputs, out_shapes)]
         status = layer.plugin.enqueue(args, outs)
         if status != 0:
             raise EmulationError(f"plugin layer {layer.name} ({_plugin_label(layer)}) failed: enqueue returned {status}")
@@ -307,19 +337,29 @@ def _run_layer(graph: Graph, layer: LayerRecord, args: list[torch.Tensor | None]
     return result
 
 
+def _plan(graph: Graph) -> tuple[dict[int, LayerRecord], dict[int, int], dict[int, list[int]]]:
+    plan = getattr(graph, "_plan_cache", None)
+    if plan is None:
+        live = graph.live_layers()
+        by_id = {layer.lid: layer for layer in live}
+        pending: dict[int, int] = {}
+        consumers: dict[int, list[int]] = {}
+        for layer in live:
+            deps = {graph.tensors[t].producer for t in layer.inputs if t is not None} - {None}
+            deps &= set(by_id)
+            pending[layer.lid] = len(deps)
+            for d in deps:
+                consumers.setdefault(d, []).append(layer.lid)
+        plan = (by_id, pending, consumers)
+        graph._plan_cache = plan
+    return plan
+
+
 def evaluate(graph: Graph, bound: dict[int, torch.Tensor], shapes: dict[int, tuple], seed: int = 0) -> None:
     """Execute the live layers on the bound tensors; network outputs are written in place."""
     values: dict[int, torch.Tensor] = {t: bound[t] for t in graph.inputs}
-    live = graph.live_layers()
-    consumers: dict[int, list[int]] = {}
-    pending: dict[int, int] = {}
-    by_id = {layer.lid: layer for layer in live}
-    for layer in live:
-        deps = {graph.tensors[t].producer for t in layer.inputs if t is not None} - {None}
-        deps &= set(by_id)
-        pending[layer.lid] = len(deps)
-        for d in deps:
-            consumers.setdefault(d, []).append(layer.lid)
+    by_id, pending0, consumers = _plan(graph)
+    pending = dict(pending0)
     ready = sorted(lid for lid, n in pending.items() if n == 0)
     rng = random.Random(seed)
     while ready:
@@ -327,9 +367,8 @@ def evaluate(graph: Graph, bound: dict[int, torch.Tensor], shapes: dict[int, tup
         layer = by_id[lid]
         args = [None if t is None else values[t] for t in layer.inputs]
         out_buffers = [bound.get(t) for t in layer.outputs]
-        if layer.plugin is not None:
-            layer.attrs["_shapes"] = [shapes[t] for t in layer.outputs]
-        outs = _run_layer(graph, layer, args, meta=False, out_buffers=out_buffers)
+        outs = _run_layer(graph, layer, args, meta=False, out_buffers=out_buffers,
+                          out_shapes=[shapes[t] for t in layer.outputs])
         for t, out in zip(layer.outputs, outs):
             if tuple(out.shape) != tuple(shapes[t]):
                 raise EmulationError(f"layer {layer.name} ({layer.kind}) produced {tuple(out.shape)} for output "
@@ -343,6 +382,7 @@ def evaluate(graph: Graph, bound: dict[int, torch.Tensor], shapes: dict[int, tup
             pending[c] -= 1
             if pending[c] == 0:
                 ready.append(c)
-        ready.sort()
+        if not seed:
+            ready.sort()
     if any(n > 0 for n in pending.values()):
         raise EmulationError("the network has a cycle")

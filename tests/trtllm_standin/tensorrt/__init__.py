@@ -484,7 +484,7 @@ class IExecutionContext:
         self._profile = 0
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._addresses: dict[str, int] = {}
-        self._inferred: tuple[tuple, dict[int, tuple[int, ...]]] | None = None
+        self._inferred: dict[tuple, dict[int, tuple[int, ...]]] = {}
 
     @property
     def active_optimization_profile(self) -> int:
@@ -494,7 +494,6 @@ class IExecutionContext:
         if not 0 <= profile_index < self.engine.num_optimization_profiles:
             return False
         self._profile = int(profile_index)
-        self._inferred = None
         return True
 
     def set_input_shape(self, name: str, shape: Sequence[int]) -> builtins.bool:
@@ -507,18 +506,20 @@ class IExecutionContext:
         if len(shape) != len(lo) or any(not a <= s <= b for a, s, b in zip(lo, shape, hi)):
             return False
         self._shapes[name] = shape
-        self._inferred = None
         return True
 
     def _infer(self) -> dict[int, tuple[int, ...]]:
+        """Output shapes for the current input shapes (a pure function of them: cached)."""
         key = tuple(sorted(self._shapes.items()))
-        if self._inferred is None or self._inferred[0] != key:
+        if key not in self._inferred:
             missing = [self.engine._graph.tensors[t].name for t in self.engine._graph.inputs
                        if self.engine._graph.tensors[t].name not in self._shapes]
             if missing:
                 raise EmulationError(f"input shapes not set: {missing}")
-            self._inferred = (key, self.engine._graph.infer_shapes(self._shapes))
-        return self._inferred[1]
+            if len(self._inferred) > 256:
+                self._inferred.clear()
+            self._inferred[key] = self.engine._graph.infer_shapes(self._shapes)
+        return self._inferred[key]
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
         record = self.engine._record(name)
