@@ -28,6 +28,10 @@ def _purge() -> None:
     for name in list(sys.modules):
         if name.split(".")[0] in _PREFIXES or name in _BOUND:
             del sys.modules[name]
+    package = sys.modules.get("tensorrt_llm_dflash.trtllm")
+    for name in _BOUND:  # `from . import model` would otherwise find the stale submodule attribute
+        if package is not None and hasattr(package, name.rsplit(".", 1)[1]):
+            delattr(package, name.rsplit(".", 1)[1])
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ dereferences them (an unbound or stale workspace is an illegal address on a GPU)
 
 from __future__ import annotations
 
+import atexit
 import os
 
 import torch
@@ -26,6 +27,8 @@ def _ensure_group(group: list[int]) -> None:
         raise EmulationError(f"collective over ranks {group} in a world of {world} processes")
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    # Leave the group before the interpreter tears its threads down (else gloo aborts at exit).
+    atexit.register(dist.destroy_process_group)
 
 
 def _check_workspace(workspace: torch.Tensor | None, tp: int) -> None:
@@ -43,9 +46,10 @@ def all_reduce(x: torch.Tensor, group: list[int], workspace: torch.Tensor | None
         return x
     _check_workspace(workspace, len(group))
     _ensure_group(group)
-    out = x.clone()
+    # The plugin sums in the model dtype; gloo has no bf16/fp16 sum: float32 then back.
+    out = x.to(torch.float32) if x.dtype in (torch.bfloat16, torch.float16) else x.clone()
     dist.all_reduce(out)
-    return out
+    return out.to(x.dtype)
 
 
 def all_gather(x: torch.Tensor, group: list[int], gather_dim: int) -> torch.Tensor:

@@ -11,14 +11,15 @@ plugins and the GPT attention plugin) with ``get_output_shapes`` / ``infer`` /
    TensorRT evaluates on the host. A shape argument (the target of a ``view``, the size of
    a ``slice`` ...) computed from execution data is refused (:class:`DataDependentShape`).
 2. execution of the layers that reach a marked output (TensorRT removes the others), in
-   a random topological order drawn from a seed: only data dependencies order layers, as
-   in TensorRT, so a plugin that writes memory behind TensorRT's back (the KV cache) must
-   be ordered by a tensor dependency or the emulation shows the race.
+   a random topological order drawn from a seed (:func:`schedule`): only data dependencies
+   order layers, as in TensorRT, so a plugin that writes memory behind TensorRT's back (the
+   KV cache) must be ordered by a tensor dependency or the emulation shows the race.
 """
 
 from __future__ import annotations
 
 import copy
+import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -267,6 +268,11 @@ def _infer_layer(graph: Graph, layer: LayerRecord, args: list) -> list:
                                      "from execution data")
     data = layer.kind != "SHAPE" and any(a is not None and a[1] for i, a in enumerate(args)
                                          if i not in layer.shape_args)
+    infer = getattr(layer.fn, "infer", None)
+    if infer is not None:  # a kernel with side effects (a collective): its output shapes only
+        return [(torch.zeros(shape, dtype=physical_dtype(graph.tensors[t].dtype)), data)
+                for shape, t in zip(infer([None if a is None else tuple(a.shape) for a in tensors], layer.attrs),
+                                    layer.outputs)]
     try:
         outs = _run_layer(graph, layer, tensors, meta=False)
     except (EmulationError, RuntimeError, ValueError, IndexError, ZeroDivisionError):
@@ -355,15 +361,57 @@ def _plan(graph: Graph) -> tuple[dict[int, LayerRecord], dict[int, int], dict[in
     return plan
 
 
+def schedule(graph: Graph, seed: int) -> list[int]:
+    """An execution order of the live layers: creation order (seed 0), else a random valid
+    topological order, TensorRT's freedom: odd seeds pick among the ready layers by random
+    priority; even seeds run layers on demand (depth first from the outputs, in a random
+    order of the outputs), so a layer whose result only a late output needs runs late."""
+    by_id, pending0, consumers = _plan(graph)
+    if not seed:
+        return sorted(by_id)
+    rng = random.Random(seed)
+    if seed % 2:
+        priority = {lid: rng.random() for lid in by_id}
+        pending = dict(pending0)
+        ready = [(priority[lid], lid) for lid, n in pending.items() if n == 0]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, lid = heapq.heappop(ready)
+            order.append(lid)
+            for c in consumers.get(lid, []):
+                pending[c] -= 1
+                if pending[c] == 0:
+                    heapq.heappush(ready, (priority[c], c))
+        return order
+    outputs = list(graph.outputs)
+    rng.shuffle(outputs)
+    order, done = [], set()
+    for root in outputs:
+        producer = graph.tensors[root].producer
+        stack = [(producer, False)] if producer is not None else []
+        while stack:
+            lid, expanded = stack.pop()
+            if lid in done:
+                continue
+            if expanded:
+                done.add(lid)
+                order.append(lid)
+                continue
+            stack.append((lid, True))
+            deps = [graph.tensors[t].producer for t in by_id[lid].inputs if t is not None]
+            stack.extend((d, False) for d in reversed(deps) if d is not None and d not in done)
+    return order
+
+
 def evaluate(graph: Graph, bound: dict[int, torch.Tensor], shapes: dict[int, tuple], seed: int = 0) -> None:
     """Execute the live layers on the bound tensors; network outputs are written in place."""
     values: dict[int, torch.Tensor] = {t: bound[t] for t in graph.inputs}
-    by_id, pending0, consumers = _plan(graph)
-    pending = dict(pending0)
-    ready = sorted(lid for lid, n in pending.items() if n == 0)
-    rng = random.Random(seed)
-    while ready:
-        lid = ready.pop(rng.randrange(len(ready)) if seed else 0)
+    by_id, _, _ = _plan(graph)
+    order = schedule(graph, seed)
+    if len(order) != len(by_id):
+        raise EmulationError("the network has a cycle")
+    for lid in order:
         layer = by_id[lid]
         args = [None if t is None else values[t] for t in layer.inputs]
         out_buffers = [bound.get(t) for t in layer.outputs]
@@ -378,11 +426,3 @@ def evaluate(graph: Graph, bound: dict[int, torch.Tensor], shapes: dict[int, tup
                 target.copy_(out)
                 out = target
             values[t] = out
-        for c in consumers.get(lid, []):
-            pending[c] -= 1
-            if pending[c] == 0:
-                ready.append(c)
-        if not seed:
-            ready.sort()
-    if any(n > 0 for n in pending.values()):
-        raise EmulationError("the network has a cycle")

@@ -1043,6 +1043,9 @@ def _k_allreduce(args, attrs):
     return [all_reduce(x, attrs["group"], workspace)]
 
 
+_k_allreduce.infer = lambda shapes, attrs: [shapes[0]]
+
+
 def allreduce(tensor: Tensor, group: list[int],
               all_reduce_params: AllReduceParams | None = AllReduceParams()) -> Tensor:  # noqa: B008
     from .plugin.plugin import current_all_reduce_helper
@@ -1062,6 +1065,15 @@ def _k_allgather(args, attrs):
     from _emu.collectives import all_gather
 
     return [all_gather(args[0], attrs["group"], attrs["gather_dim"])]
+
+
+def _allgather_shape(shapes, attrs):
+    shape = list(shapes[0])
+    shape[attrs["gather_dim"]] *= len(attrs["group"])
+    return [tuple(shape)]
+
+
+_k_allgather.infer = _allgather_shape
 
 
 def allgather(tensor: Tensor, group: list[int], gather_dim: int = 0) -> Tensor:

@@ -1,0 +1,109 @@
+"""Tiny targets, drafters and engine builds shared by the engine tests (stand-in and GPU).
+
+The engines are ones TensorRT-LLM 1.2.1 accepts for tree speculative decoding: bf16 or
+fp16 (the gpt attention plugin's XQA path refuses fp32: "Speculative decoding mode doesn't
+support the data type or cross attention.", cpp/tensorrt_llm/common/attentionOp.cpp) and a
+head size MMHA supports (64). ``max_draft_len`` 40 makes the tree mask two 32-bit words
+wide, so a tree of at most 32 nodes on this engine exposes any row-stride mistake.
+
+The weights are rounded to the engine dtype, so that in the stand-in's exact numerics the
+engine and the float64 PyTorch runtime compute with the same weights.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+VOCAB = 32
+BLOCK_SIZE = 4
+MAX_DRAFT_LEN = 40
+MAX_NEW = 20
+PROMPTS = [[3, 17, 5, 9, 30, 2, 11], [20, 21, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
+BUDGETS = [0, 1, 8, MAX_DRAFT_LEN]  # 0 = the DFlash chain; the engine maximum last
+ENGINE_DTYPE = {"qwen3": "bfloat16", "llama": "float16"}
+
+
+def round_to(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
+    torch_dtype = getattr(torch, dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.copy_(p.to(torch_dtype).to(p.dtype))
+    return model
+
+
+def make_target(arch: str, *, heads: int = 2, kv_heads: int = 1, head_dim: int = 64, layers: int = 4,
+                seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
+    """A float64 HF target the engine can run: head_dim 64, q/k norm eps as TensorRT-LLM's (1e-5)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = {
+        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": 256,
+        "attn_implementation": "sdpa", "rope_theta": 10000.0, "bos_token_id": 0, "eos_token_id": 1,
+        # TensorRT-LLM's Attention normalises q/k with its default eps 1e-5 (layers/attention.py;
+        # QWenDecoderLayer passes no eps): the same value here keeps the comparison exact.
+        "rms_norm_eps": 1e-5,
+    }
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, tie_word_embeddings=False, **common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(head_dim=head_dim, tie_word_embeddings=True, **common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+    model.generation_config.eos_token_id = None
+    return round_to(model.double().eval(), ENGINE_DTYPE[arch])
+
+
+def make_drafter(target: torch.nn.Module, arch: str, *, seed: int = 0):
+    from test_trtllm_convert import make_drafter as convert_drafter
+
+    drafter = convert_drafter(target, layers=2, block_size=BLOCK_SIZE, seed=seed, head_dim=16)
+    return round_to(drafter.double(), ENGINE_DTYPE[arch])
+
+
+def write_checkpoint(tmp: Path, arch: str, *, tp: int = 1, heads: int = 2, kv_heads: int = 1,
+                     max_draft_len: int = MAX_DRAFT_LEN):
+    """(target, drafter, checkpoint dir): HF target + drafter saved and converted."""
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.trtllm.weight import convert_checkpoint
+
+    target = make_target(arch, heads=heads, kv_heads=kv_heads)
+    drafter = make_drafter(target, arch)
+    target.save_pretrained(tmp / "target", safe_serialization=True)
+    save_dflash_drafter(drafter, tmp / "drafter", dtype=torch.float64)
+    convert_checkpoint(tmp / "target", tmp / "drafter", tmp / "ckpt", dtype=ENGINE_DTYPE[arch], tp_size=tp,
+                       max_draft_len=max_draft_len, progress=False)
+    return target, drafter, tmp / "ckpt"
+
+
+def build_argv(ckpt: Path, engine: Path, *, max_draft_len: int = MAX_DRAFT_LEN, kv_cache: str = "continuous",
+               workers: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+    return ["--checkpoint_dir", str(ckpt), "--output_dir", str(engine), "--speculative_decoding_mode", "dflash",
+            "--max_draft_len", str(max_draft_len), "--max_batch_size", "1", "--max_input_len", "32",
+            "--max_seq_len", "96", "--kv_cache_type", kv_cache, "--remove_input_padding", "enable",
+            "--workers", str(workers), *extra]
+
+
+def pytorch_run(target, drafter, prompt: list[int], budget: int, max_new: int = MAX_NEW):
+    from tensorrt_llm_dflash.decode import speculative_generate
+    from tensorrt_llm_dflash.proposer import DFlashProposer
+    from tensorrt_llm_dflash.target import HFTargetVerifier
+
+    verifier = HFTargetVerifier(target, drafter.config.target_layer_ids)
+    return speculative_generate(verifier, DFlashProposer.for_target(drafter, target), prompt, max_new,
+                                ddtree_budget=budget)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
