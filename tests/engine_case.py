@@ -62,21 +62,22 @@ def make_target(arch: str, *, heads: int = 2, kv_heads: int = 1, head_dim: int =
     return round_to(model.double().eval(), ENGINE_DTYPE[arch])
 
 
-def make_drafter(target: torch.nn.Module, arch: str, *, seed: int = 0):
+def make_drafter(target: torch.nn.Module, arch: str, *, seed: int = 0, draft_vocab: int | None = None):
     from test_trtllm_convert import make_drafter as convert_drafter
 
-    drafter = convert_drafter(target, layers=2, block_size=BLOCK_SIZE, seed=seed, head_dim=16)
+    drafter = convert_drafter(target, layers=2, block_size=BLOCK_SIZE, seed=seed, head_dim=16,
+                              draft_vocab=draft_vocab)
     return round_to(drafter.double(), ENGINE_DTYPE[arch])
 
 
 def write_checkpoint(tmp: Path, arch: str, *, tp: int = 1, heads: int = 2, kv_heads: int = 1,
-                     max_draft_len: int = MAX_DRAFT_LEN):
+                     max_draft_len: int = MAX_DRAFT_LEN, draft_vocab: int | None = None):
     """(target, drafter, checkpoint dir): HF target + drafter saved and converted."""
     from tensorrt_llm_dflash.drafter import save_dflash_drafter
     from tensorrt_llm_dflash.trtllm.weight import convert_checkpoint
 
     target = make_target(arch, heads=heads, kv_heads=kv_heads)
-    drafter = make_drafter(target, arch)
+    drafter = make_drafter(target, arch, draft_vocab=draft_vocab)
     target.save_pretrained(tmp / "target", safe_serialization=True)
     save_dflash_drafter(drafter, tmp / "drafter", dtype=torch.float64)
     convert_checkpoint(tmp / "target", tmp / "drafter", tmp / "ckpt", dtype=ENGINE_DTYPE[arch], tp_size=tp,
@@ -107,3 +108,21 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def word_tokenizer(directory: Path, vocab: int = VOCAB):
+    """A word-level tokenizer over "w00" .. "w{vocab-1}" (offline, for run.py on a tiny engine);
+    "w01" is EOS. Equal-width words: a special token is never the prefix of another word."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {word(i): i for i in range(vocab)}
+    core = Tokenizer(models.WordLevel(words, unk_token=word(0)))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token=word(0), eos_token=word(1))
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def word(i: int) -> str:
+    return f"w{i:02d}"

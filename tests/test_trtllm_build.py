@@ -103,3 +103,20 @@ def test_dflash_checkpoint_needs_the_dflash_mode(fake_trtllm, dflash_ckpt, capsy
     assert "is a DFlash checkpoint: build it with --speculative_decoding_mode dflash" in err
     assert f"--speculative_decoding_mode={mode!r}" in err
     assert fake_trtllm["argv"] is None
+
+
+def test_max_draft_len_must_be_an_integer_and_equals_form_is_read(fake_trtllm, dflash_ckpt, capsys):
+    assert build.main(["--checkpoint_dir", str(dflash_ckpt), "--speculative_decoding_mode", "dflash",
+                       "--max_draft_len", "many"]) == 2
+    assert "--max_draft_len='many' is not an integer" in capsys.readouterr().err
+    assert build.main([f"--checkpoint_dir={dflash_ckpt}", "--speculative_decoding_mode=dflash",
+                       "--max_draft_len=300"]) == 2
+    assert "--max_draft_len=300 is out of range 7..256" in capsys.readouterr().err
+    assert fake_trtllm["argv"] is None
+
+
+def test_checkpoint_max_draft_len_is_checked_when_the_flag_is_absent(fake_trtllm, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "DFlashForCausalLM", "max_draft_len": 500,
+                                                      "dflash": {"block_size": 8}}))
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
+    assert "config.json max_draft_len=500 is out of range 7..256" in capsys.readouterr().err

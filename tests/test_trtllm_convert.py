@@ -347,3 +347,90 @@ def test_uneven_tensor_parallelism_is_refused(tmp_path):
         convert_checkpoint(tmp_path / "target", tmp_path / "drafter", tmp_path / "ckpt", tp_size=3, progress=False)
     with pytest.raises(DFlashConfigError, match="pp_size=2 is not supported"):
         convert_checkpoint(tmp_path / "target", tmp_path / "drafter", tmp_path / "ckpt", pp_size=2, progress=False)
+
+
+@pytest.fixture
+def saved_pair(tmp_path):
+    target = make_target("llama", vocab=64, kv_heads=2)
+    target.save_pretrained(tmp_path / "target", safe_serialization=True)
+    save_dflash_drafter(make_drafter(target), tmp_path / "drafter", dtype=torch.float32)
+    return tmp_path / "target", tmp_path / "drafter"
+
+
+def _edit_config(directory: Path, **changes) -> None:
+    config = json.loads((directory / "config.json").read_text())
+    config.update(changes)
+    (directory / "config.json").write_text(json.dumps(config))
+
+
+def test_bad_conversions_are_refused_by_name(tmp_path, saved_pair):
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    target_dir, drafter_dir = saved_pair
+    out = tmp_path / "ckpt"
+
+    def refused(match: str, target=target_dir, **kwargs) -> None:
+        with pytest.raises(DFlashConfigError, match=match):
+            convert_checkpoint(target, drafter_dir, out, progress=False, **kwargs)
+
+    refused(r"max_draft_len=2 is out of range 3\.\.256", max_draft_len=2)
+    refused(r"max_draft_len=257 is out of range 3\.\.256", max_draft_len=257)
+    refused(r"dtype='float8' is not one of", dtype="float8")
+    refused(r"tp_size=0 and pp_size=1 must be >= 1", tp_size=0)
+    refused("has no config.json", target=tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text((target_dir / "config.json").read_text())
+    refused("has no \\*.safetensors files", target=empty)
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    refused("target model_type='gpt2' is not supported", target=gpt2)
+    assert not out.exists()
+
+
+def test_untied_target_without_lm_head_and_missing_tensors(tmp_path, saved_pair):
+    from safetensors.torch import load_file, save_file
+
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    target_dir, drafter_dir = saved_pair
+    _edit_config(target_dir, tie_word_embeddings=False)
+    with pytest.raises(DFlashConfigError, match="target has no lm_head.weight and tie_word_embeddings is false"):
+        convert_checkpoint(target_dir, drafter_dir, tmp_path / "ckpt", progress=False)
+    _edit_config(target_dir, tie_word_embeddings=True)
+    tensors = load_file(str(target_dir / "model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(target_dir / "model.safetensors"))
+    with pytest.raises(DFlashConfigError, match="checkpoint tensor 'model.layers.1.mlp.up_proj.weight' is missing"):
+        convert_checkpoint(target_dir, drafter_dir, tmp_path / "ckpt", progress=False)
+
+
+def test_sharded_target_and_attention_biases(tmp_path):
+    """An index-sharded HF checkpoint with q/k/v and o_proj biases (Llama attention_bias): the
+    biases are fused like the weights (o_proj's is replicated: RowLinear adds it once)."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                          num_attention_heads=4, num_key_value_heads=2, attention_bias=True,
+                                          torch_dtype="float32")).eval()
+    directory = tmp_path / "target"
+    target.config.save_pretrained(directory)
+    state = {k: v.contiguous() for k, v in target.state_dict().items()}
+    names = sorted(state)
+    halves = {"a.safetensors": names[: len(names) // 2], "b.safetensors": names[len(names) // 2:]}
+    for file, keys in halves.items():
+        save_file({k: state[k] for k in keys}, str(directory / file))
+    (directory / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: f for f, keys in halves.items() for k in keys}}))
+    save_dflash_drafter(make_drafter(target), tmp_path / "drafter", dtype=torch.float32)
+    config = convert_checkpoint(directory, tmp_path / "drafter", tmp_path / "ckpt", tp_size=2, progress=False)
+    assert config["dtype"] == "float32"  # "auto": the target's own dtype
+    config, shards = read_checkpoint(tmp_path / "ckpt")
+    merged = merge_shards(config, shards)
+    attn = target.model.layers[0].self_attn
+    expected = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+    torch.testing.assert_close(merged["transformer.layers.0.attention.qkv.bias"], expected)
+    torch.testing.assert_close(merged["transformer.layers.0.attention.dense.bias"], attn.o_proj.bias)

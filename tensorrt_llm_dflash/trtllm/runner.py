@@ -361,28 +361,29 @@ class EngineProposer:
         return target.cached_draft
 
 
-def build_trt_runtime(args: Any) -> tuple[DFlashEngineTarget, EngineProposer | None, Any, list[int], int]:
-    """(verifier, proposer, tokenizer, stop ids, default DDTree budget) for examples/run.py."""
-    from transformers import AutoTokenizer
+def build_trt_runtime(args: Any) -> tuple[DFlashEngineTarget, EngineProposer, Any, list[int], int]:
+    """(verifier, proposer, tokenizer, stop ids, default DDTree budget) for examples/run.py.
 
+    The arguments are checked against the engine's config.json before the engine is loaded."""
     if not args.engine_dir:
         raise DFlashConfigError("--engine_dir is required with --backend trt")
+    if args.speculative_decoding_mode != "dflash":
+        raise DFlashInputError("a DFlash engine always drafts: use --speculative_decoding_mode dflash "
+                               "(--ddtree_budget 0 for the chain)")
+    pretrained = read_engine_config(args.engine_dir)["pretrained_config"]
+    max_draft_len, chain_len = int(pretrained["max_draft_len"]), int(pretrained["dflash"]["block_size"]) - 1
+    if args.ddtree_budget is not None and args.ddtree_budget > max_draft_len:
+        raise DFlashInputError(
+            f"--ddtree_budget={args.ddtree_budget} exceeds the engine's max_draft_len={max_draft_len}"
+        )
     from tensorrt_llm._utils import mpi_rank
+    from transformers import AutoTokenizer
 
-    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None))
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
+    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None))
     stops: list[int] = []
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is not None:
         stops = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
-    chain_len = target.block_size - 1
-    if args.ddtree_budget is not None and args.ddtree_budget > target.max_draft_len:
-        raise DFlashInputError(
-            f"--ddtree_budget={args.ddtree_budget} exceeds the engine's max_draft_len={target.max_draft_len}"
-        )
-    default_budget = target.max_draft_len if target.max_draft_len > chain_len else 0
-    proposer = EngineProposer(target) if args.speculative_decoding_mode == "dflash" else None
-    if proposer is None:
-        raise DFlashInputError("a DFlash engine always drafts: use --speculative_decoding_mode dflash "
-                               "(--ddtree_budget 0 for the chain)")
-    return target, proposer, tokenizer, stops, default_budget
+    default_budget = max_draft_len if max_draft_len > chain_len else 0
+    return target, EngineProposer(target), tokenizer, stops, default_budget
