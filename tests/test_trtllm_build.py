@@ -120,3 +120,54 @@ def test_checkpoint_max_draft_len_is_checked_when_the_flag_is_absent(fake_trtllm
                                                       "dflash": {"block_size": 8}}))
     assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
     assert "config.json max_draft_len=500 is out of range 7..256" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ the start-up hook (hook.py)
+
+
+def test_hook_recognises_dflash_builds(tmp_path, dflash_ckpt):
+    from tensorrt_llm_dflash.trtllm import hook
+
+    assert hook.wants_dflash(["--speculative_decoding_mode", "dflash"])
+    assert hook.wants_dflash(["--speculative_decoding_mode=dflash"])
+    assert hook.wants_dflash(["--checkpoint_dir", str(dflash_ckpt)])  # the mode missing: refused by name later
+    assert hook.wants_dflash([f"--checkpoint_dir={dflash_ckpt}"])
+    assert not hook.wants_dflash(["--checkpoint_dir", str(tmp_path / "none")])
+    assert not hook.wants_dflash(["--speculative_decoding_mode", "medusa", "--max_batch_size", "8"])
+
+
+def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_ckpt):
+    """A stand-in tensorrt_llm.commands.build on sys.path: importing it after install() gives the
+    wrapped main; a plain build reaches the original, a DFlash build our entry point, which calls
+    the original (its __wrapped__) with the translated argv."""
+    from tensorrt_llm_dflash.trtllm import build as dflash_build
+    from tensorrt_llm_dflash.trtllm import hook
+
+    package = tmp_path / "site" / "tensorrt_llm" / "commands"
+    package.mkdir(parents=True)
+    (package.parent / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "build.py").write_text("import sys\nCALLS = []\ndef main():\n    CALLS.append(list(sys.argv))\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    for name in ("tensorrt_llm", "tensorrt_llm.commands", "tensorrt_llm.commands.build"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(dflash_build, "register_model", lambda: None)
+    monkeypatch.setattr("tensorrt_llm_dflash.trtllm.plugins.load_plugin_library", lambda path=None: None)
+    monkeypatch.delenv(build.MAX_DRAFT_LEN_ENV, raising=False)
+    hook.install()
+    hook.install()  # idempotent
+    assert sum(isinstance(f, hook._Finder) for f in sys.meta_path) == 1
+    from tensorrt_llm.commands import build as commands
+
+    assert commands.main._dflash_hooked and hook.wrap_main(commands.main) is commands.main
+    monkeypatch.setattr(sys, "argv", ["trtllm-build", "--checkpoint_dir", str(tmp_path / "plain")])
+    commands.main()
+    assert commands.CALLS[-1] == ["trtllm-build", "--checkpoint_dir", str(tmp_path / "plain")]
+    monkeypatch.setattr(sys, "argv", ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt),
+                                      "--speculative_decoding_mode", "dflash", "--max_draft_len", "9"])
+    assert commands.main() == 0
+    assert commands.CALLS[-1] == ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt),
+                                  "--speculative_decoding_mode", "medusa", "--max_draft_len", "9"]
+    hook.install()  # already imported: wrapping again is a no-op
+    assert commands.main._dflash_hooked

@@ -70,8 +70,8 @@ def test_engine_directory_problems_are_named(tmp_path, engine):
 def test_inputs_the_engine_cannot_take_are_refused_by_name(engine):
     root, _, _, engine_dir = engine
     with standin.active(root / "lib"):
-        from tensorrt_llm_dflash.trtllm.runner import EngineProposer
         from tensorrt_llm_dflash.tree import build_chain
+        from tensorrt_llm_dflash.trtllm.runner import EngineProposer
 
         target = load(engine_dir)
         with pytest.raises(DFlashInputError, match="propose\\(\\) before prefill"):

@@ -25,6 +25,9 @@ So ``dflash`` is this project's own CLI name. This entry point:
    resolve the architecture through it), then calls
    ``tensorrt_llm.commands.build.main()``, which reads ``sys.argv``.
 
+It runs as ``dflash-trtllm-build``, ``python -m tensorrt_llm_dflash.trtllm.build``, or as
+TensorRT-LLM's own ``trtllm-build`` through the start-up hook (``trtllm/hook.py``).
+
 Why Medusa: the engine's extra output is ``medusa_logits`` (the drafter's block-1
 marginals), the tree is given explicitly per step (``spec_decoding_*`` tensors, as for
 Medusa trees; ``speculative_decoding_draft_tokens_external=False``), and
@@ -139,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         load_plugin_library()  # the engine's DFlashTreeMask / DFlashKVCompact layers
     # Registered for every build: a plain checkpoint builds exactly as with trtllm-build.
     register_model()
-    from tensorrt_llm.commands.build import main as trtllm_build_main
+    from tensorrt_llm.commands import build as commands_build
 
+    # TensorRT-LLM's own main, also when hook.py has wrapped it (trtllm-build with the .pth).
+    trtllm_build_main = getattr(commands_build.main, "__wrapped__", commands_build.main)
     sys.argv = ["trtllm-build", *translated]
     trtllm_build_main()
     return 0

@@ -28,7 +28,9 @@ import torch
 
 from .core import EmulatedMemoryFault, EmulationError, device_memory, numerics_mode
 
-REPO = Path(__file__).resolve().parents[3]
+#: The project checkout whose plugin sources hold the attribute tables (the stand-in may be
+#: installed elsewhere as a distribution, tests/test_trtllm_build_entry_point.py).
+REPO = Path(os.environ.get("DFLASH_REPO_ROOT", Path(__file__).resolve().parents[3]))
 TRT_SOURCES = REPO / "plugins" / "src" / "trt"
 STUB_SOURCE = Path(__file__).resolve().parent / "standin_plugin_library.c"
 LIBRARY_ENV = "DFLASH_TRT_PLUGIN_LIB"
