@@ -126,3 +126,58 @@ def word_tokenizer(directory: Path, vocab: int = VOCAB):
 
 def word(i: int) -> str:
     return f"w{i:02d}"
+
+
+BF16_TIE_GAP = 0.125  # logits; bf16 keeps 8 significant bits, the tiny targets' logits are O(10)
+
+
+def greedy_with_gaps(engine, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """One-token steps through the engine (a one-node tree per step): tokens and top-2 gaps."""
+    from tensorrt_llm_dflash.tree import build_chain
+
+    logits = engine.prefill(prompt)[0]
+    tokens, gaps = [], []
+    for _ in range(MAX_NEW):
+        top = torch.topk(logits, 2).values
+        gaps.append(float(top[0] - top[1]))
+        tokens.append(int(logits.argmax()))
+        logits = engine.verify(engine.compile_tree(build_chain(tokens[-1], [])))[0][0]
+        engine.commit([0])
+    return tokens, gaps
+
+
+def assert_bf16_rule(spec: list[int], ar: tuple[list[int], list[float]]) -> None:
+    tokens, gaps = ar
+    k = first_divergence(spec, tokens)
+    assert k is None or gaps[k] <= BF16_TIE_GAP, (k, spec, tokens, gaps[k] if k is not None else None)
+
+
+def target_greedy_with_gaps(target, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """The float64 HF target's own greedy decoding, with the top-2 logit gap of every step."""
+    ids = torch.tensor([prompt])
+    tokens, gaps = [], []
+    with torch.no_grad():
+        for _ in range(MAX_NEW):
+            logits = target(ids).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            gaps.append(float(top[0] - top[1]))
+            tokens.append(int(logits.argmax()))
+            ids = torch.cat([ids, torch.tensor([[tokens[-1]]])], dim=1)
+    return tokens, gaps
+
+
+def check_engine_bf16(engine, target, budgets) -> None:
+    """The contract of a bf16/fp16 engine (docs/trtllm_engine.md, "Exactness"), on every prompt and budget."""
+    from tensorrt_llm_dflash.decode import speculative_generate
+    from tensorrt_llm_dflash.trtllm.runner import EngineProposer
+
+    for prompt in PROMPTS:
+        ar = greedy_with_gaps(engine, prompt)
+        assert_bf16_rule(ar[0], target_greedy_with_gaps(target, prompt))
+        for budget in budgets:
+            spec = speculative_generate(engine, EngineProposer(engine), prompt, MAX_NEW, ddtree_budget=budget)
+            assert_bf16_rule(spec.output_ids, ar)
+            assert engine.walk_log, (prompt, budget)
+            for step, (graph_count, graph_bonus, host_count, host_bonus) in enumerate(engine.walk_log):
+                assert (graph_count, graph_bonus) == (host_count, host_bonus), (prompt, budget, step)
+            assert engine.mismatched_drafts == 0, (prompt, budget)

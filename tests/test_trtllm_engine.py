@@ -1,10 +1,20 @@
-"""DFlash / DDTree through a real TensorRT-LLM 1.2.1 engine == the PyTorch runtime.
+"""DFlash / DDTree through a real TensorRT-LLM 1.2.1 engine on a CUDA GPU.
 
 Needs TensorRT-LLM 1.2.1, a CUDA GPU and the plugin library (``scripts/verify_trtllm_gpu.sh``
-does all of it); skipped otherwise, with the reason shown (``pytest -rs``). For tiny fp32
-Qwen3 and Llama targets with a tiny drafter it converts, builds with the project's
-``trtllm-build`` entry point, and checks that the chain and DDTree give exactly the
-PyTorch runtime's tokens and the same acceptance length at every step (T = 0).
+does all of it); skipped otherwise, with the reason shown (``pytest -rs``). The same engines
+as the CPU stand-in tests (tests/engine_case.py: a bf16 Qwen3 and an fp16 Llama target,
+head size 64, ``max_draft_len`` 40) are converted, built with the project's build entry
+point and decoded with ``decode.speculative_generate``.
+
+What a real engine is held to (docs/trtllm_engine.md, "Exactness"): in bf16/fp16 an N-token
+verify rounds differently from a 1-token step, so the contract is the bf16 rule, not bit
+equality with the float64 PyTorch runtime:
+
+* the speculative output equals the same engine's one-token-per-step greedy output, except
+  that the first difference, if any, is at a near-tie of that greedy step;
+* the engine's greedy output equals the float64 target's greedy output under the same rule
+  (the engine computes the right model, not merely a self-consistent one);
+* at every step, the in-graph greedy walk takes the host walk's path and bonus token.
 """
 
 from __future__ import annotations
@@ -19,9 +29,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_case import (
+    BF16_TIE_GAP,
+    MAX_DRAFT_LEN,
+    MAX_NEW,
+    PROMPTS,
+    assert_bf16_rule,
+    build_argv,
+    check_engine_bf16,
+    target_greedy_with_gaps,
+    write_checkpoint,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 REQUIRED_VERSION = "1.2.1"
+BUDGETS = [0, 1, 8, MAX_DRAFT_LEN]  # 0 = the DFlash chain
 
 
 def _skip_reason() -> str | None:
@@ -34,6 +56,8 @@ def _skip_reason() -> str | None:
     found = version("tensorrt_llm")
     if found != REQUIRED_VERSION:
         return f"tensorrt_llm {REQUIRED_VERSION} is required, found {found}"
+    if (ROOT / "tests" / "trtllm_standin").as_posix() in (importlib.util.find_spec("tensorrt_llm").origin or ""):
+        return "tensorrt_llm resolves to the test stand-in, not the real package"
     from tensorrt_llm_dflash.trtllm.plugins import plugin_library_candidates
 
     if not any(p.is_file() for p in plugin_library_candidates()):
@@ -43,85 +67,67 @@ def _skip_reason() -> str | None:
 
 pytestmark = [pytest.mark.trtllm, pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")]
 
-PROMPTS = [[3, 17, 5, 9, 30, 2, 11], [40, 41, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
-MAX_NEW = 24
-MAX_DRAFT_LEN = 8
-BUDGETS = [0, 4, MAX_DRAFT_LEN]  # 0 = the DFlash chain
 
-
-def _models(arch: str):
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_trtllm_convert import make_drafter, make_target
-
-    target = make_target(arch, vocab=64, kv_heads=2)
-    drafter = make_drafter(target, layers=2, block_size=4)
-    return target, drafter
-
-
-def _build_engine(tmp: Path, arch: str, tp: int = 1) -> tuple[Path, object, object]:
-    from tensorrt_llm_dflash.drafter import save_dflash_drafter
-    from tensorrt_llm_dflash.trtllm.weight import convert_checkpoint
-
-    target, drafter = _models(arch)
-    target.save_pretrained(tmp / "target", safe_serialization=True)
-    save_dflash_drafter(drafter, tmp / "drafter", dtype=torch.float32)
-    convert_checkpoint(tmp / "target", tmp / "drafter", tmp / "ckpt", dtype="float32", tp_size=tp, progress=False)
-    cmd = [sys.executable, "-m", "tensorrt_llm_dflash.trtllm.build", "--checkpoint_dir", str(tmp / "ckpt"),
-           "--output_dir", str(tmp / "engine"), "--speculative_decoding_mode", "dflash",
-           "--max_draft_len", str(MAX_DRAFT_LEN), "--max_batch_size", "1", "--max_input_len", "32",
-           "--max_seq_len", "96", "--kv_cache_type", "continuous", "--remove_input_padding", "enable",
-           "--gpt_attention_plugin", "float32", "--gemm_plugin", "disable", "--workers", str(tp)]
+def _build(tmp: Path, arch: str, tp: int = 1):
+    target, drafter, ckpt = write_checkpoint(tmp, arch, tp=tp)
+    engine = tmp / "engine"
+    cmd = [sys.executable, "-m", "tensorrt_llm_dflash.trtllm.build", *build_argv(ckpt, engine, workers=tp)]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return tmp / "engine", target, drafter
-
-
-def _pytorch_run(target, drafter, prompt, budget):
-    from tensorrt_llm_dflash.decode import speculative_generate
-    from tensorrt_llm_dflash.proposer import DFlashProposer
-    from tensorrt_llm_dflash.target import HFTargetVerifier
-
-    verifier = HFTargetVerifier(target, drafter.config.target_layer_ids)
-    proposer = DFlashProposer.for_target(drafter, target)
-    return speculative_generate(verifier, proposer, prompt, MAX_NEW, ddtree_budget=budget)
+    return engine, target
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])
-def test_engine_matches_pytorch_runtime(tmp_path, arch):
-    from tensorrt_llm_dflash.decode import speculative_generate
-    from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget, EngineProposer
+def test_engine_obeys_the_bf16_rule_and_the_host_walk(tmp_path, arch):
+    from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget
 
-    engine_dir, target, drafter = _build_engine(tmp_path, arch)
+    engine_dir, target = _build(tmp_path, arch)
+    check_engine_bf16(DFlashEngineTarget(engine_dir), target, BUDGETS)
+
+
+def test_engine_prefill_logits_are_the_targets(tmp_path):
+    """The last prompt position's logits, engine vs the float64 target, within bf16 rounding
+    of logits of size O(10) through 4 layers (the tie gap is the same scale)."""
+    from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget
+
+    engine_dir, target = _build(tmp_path, "qwen3")
     engine = DFlashEngineTarget(engine_dir)
-    proposer = EngineProposer(engine)
     for prompt in PROMPTS:
-        for budget in BUDGETS:
-            expected = _pytorch_run(target, drafter, prompt, budget)
-            got = speculative_generate(engine, proposer, prompt, MAX_NEW, ddtree_budget=budget)
-            assert got.output_ids == expected.output_ids, (arch, prompt, budget)
-            assert got.stats.acceptance_lengths == expected.stats.acceptance_lengths, (arch, prompt, budget)
-            assert engine.mismatched_drafts == 0  # the in-graph walk agreed with the host's every step
+        got = engine.prefill(prompt)[0].double().cpu()
+        with torch.no_grad():
+            expected = target(torch.tensor([prompt])).logits[0, -1]
+        assert torch.allclose(got, expected, atol=4 * BF16_TIE_GAP, rtol=0.02), (prompt, got, expected)
 
 
 @pytest.mark.skipif(_skip_reason() is not None or torch.cuda.device_count() < 2 or shutil.which("mpirun") is None,
                     reason=_skip_reason() or "tensor parallelism needs 2 CUDA GPUs and mpirun")
-def test_engine_tp2_matches_pytorch_runtime(tmp_path):
-    engine_dir, target, drafter = _build_engine(tmp_path, "qwen3", tp=2)
+def test_engine_tp2_obeys_the_bf16_rule_and_the_host_walk(tmp_path):
+    engine_dir, target = _build(tmp_path, "qwen3", tp=2)
     out = tmp_path / "tp2.json"
     driver = "\n".join([
-        f"import json, sys; sys.path.insert(0, {str(ROOT)!r})",
+        f"import json, sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]",
         "from tensorrt_llm._utils import mpi_rank",
         "from tensorrt_llm_dflash.decode import speculative_generate",
         "from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget, EngineProposer",
+        "from engine_case import greedy_with_gaps",
         f"engine = DFlashEngineTarget({str(engine_dir)!r}, rank=mpi_rank())",
-        f"runs = [speculative_generate(engine, EngineProposer(engine), p, {MAX_NEW}, ddtree_budget=b)"
-        f" for p in {PROMPTS!r} for b in {BUDGETS!r}]",
+        "runs = []",
+        f"for p in {PROMPTS!r}:",
+        "    ar = greedy_with_gaps(engine, p)",
+        f"    for b in {BUDGETS!r}:",
+        f"        r = speculative_generate(engine, EngineProposer(engine), p, {MAX_NEW}, ddtree_budget=b)",
+        "        runs.append([ar, r.output_ids, [list(s) for s in engine.walk_log], engine.mismatched_drafts])",
         "if mpi_rank() == 0:",
-        f"    json.dump([[r.output_ids, r.stats.acceptance_lengths] for r in runs], open({str(out)!r}, 'w'))",
+        f"    json.dump(runs, open({str(out)!r}, 'w'))",
     ]) + "\n"
     result = subprocess.run(["mpirun", "-n", "2", "--allow-run-as-root", sys.executable, "-c", driver],
                             capture_output=True, text=True, timeout=1800, env={**os.environ})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    got = json.loads(out.read_text())
-    expected = [_pytorch_run(target, drafter, p, b) for p in PROMPTS for b in BUDGETS]
-    assert got == [[r.output_ids, r.stats.acceptance_lengths] for r in expected]
+    runs = json.loads(out.read_text())
+    assert len(runs) == len(PROMPTS) * len(BUDGETS)
+    for i, (ar, spec, walk_log, mismatched) in enumerate(runs):
+        prompt = PROMPTS[i // len(BUDGETS)]
+        assert_bf16_rule(ar[0], target_greedy_with_gaps(target, prompt))
+        assert_bf16_rule(spec, (ar[0], ar[1]))
+        assert walk_log and all(s[:2] == s[2:] for s in walk_log), (prompt, walk_log)
+        assert mismatched == 0
