@@ -94,6 +94,28 @@ def test_engine_equals_pytorch_runtime_token_for_token_and_step_for_step(engines
     assert longest >= 3, "the cases must accept several tokens in a step, or the comparison proves little"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_paged_kv_engine_equals_pytorch_runtime(tmp_path, arch):
+    """TensorRT-LLM's default KV layout: the block pool (16 tokens per block, so trees and the
+    compacted path cross block boundaries), addressed through kv_cache_block_offsets and the
+    host pool pointers as its KV cache manager lays them out; DFlashKVCompact's paged path
+    moves the accepted rows between blocks."""
+    with standin.active(tmp_path / "lib"):
+        target, drafter, ckpt = write_checkpoint(tmp_path, arch)
+        engine_dir = build_engine(tmp_path, ckpt, kv_cache="paged", extra=("--tokens_per_block", "16"))
+        config = json.loads((engine_dir / "config.json").read_text())
+        assert config["build_config"]["plugin_config"]["paged_kv_cache"] is True
+        for prompt in PROMPTS:
+            for budget in BUDGETS:
+                got, engine = engine_run(engine_dir, prompt, budget)
+                assert engine.paged and not engine.kv_cache
+                expected = pytorch_run(target, drafter, prompt, budget)
+                assert got.output_ids == expected.output_ids, (arch, prompt, budget)
+                assert got.stats.acceptance_lengths == expected.stats.acceptance_lengths, (arch, prompt, budget)
+                assert_walks_agree(engine)
+
+
 def test_schedule_order_does_not_change_the_engine(engines):
     """TensorRT orders layers only by data dependencies: the compaction (which writes the KV
     cache behind TensorRT's back) is ordered before every attention by its committed lengths.

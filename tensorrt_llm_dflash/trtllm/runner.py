@@ -21,10 +21,12 @@ whose I/O names differ from the set it expects (DFlash adds inputs and outputs),
 own decode loop (dynamic decoder, Medusa acceptance) is exactly what decode.py replaces.
 The engine is driven with ``tensorrt_llm.runtime.Session`` (``runtime/session.py``):
 ``Session.from_serialized_engine``, ``session.context.set_input_shape`` and
-``session.run(inputs, outputs, stream)``. The KV cache is the continuous layout
-(``trtllm-build --kv_cache_type continuous``): one ``[batch, 2, kv_heads, max_seq_len,
-head_size]`` buffer per layer, owned here and bound as both ``past_key_value_{i}`` and
-``present_key_value_{i}`` (in place, as the gpt attention plugin expects).
+``session.run(inputs, outputs, stream)``. The KV cache is owned here, in either layout
+``trtllm-build`` makes: continuous (``--kv_cache_type continuous``), one ``[batch, 2,
+kv_heads, max_seq_len, head_size]`` buffer per layer bound as both ``past_key_value_{i}``
+and ``present_key_value_{i}`` (in place, as the gpt attention plugin expects); or paged
+(TensorRT-LLM's default), one block pool addressed through ``kv_cache_block_offsets`` and
+``host_kv_cache_pool_pointers`` as TensorRT-LLM's KV cache manager lays it out.
 
 Batch size 1 (as decode.py). Tensor parallelism: launch with ``mpirun -n N``; every
 rank runs the same deterministic loop on identical logits (the lm_head gathers its
@@ -47,7 +49,7 @@ from ..errors import DFlashConfigError, DFlashInputError
 from ..tree import DraftTree, batched_tree_inputs
 
 #: trtllm-build flags the runtime needs (docs/trtllm_engine.md).
-REQUIRED_BUILD = "--kv_cache_type continuous --remove_input_padding enable --gpt_attention_plugin auto"
+REQUIRED_BUILD = "--remove_input_padding enable --gpt_attention_plugin auto"
 
 
 def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
@@ -135,13 +137,43 @@ class DFlashEngineTarget:
         return CustomAllReduceHelper.allocate_workspace(trt_mapping, size)  # (IPC buffers, CPU int64 tensor)
 
     def _allocate(self) -> None:
-        kv_dtype = self._dtype("past_key_value_0")
-        self.kv_cache = [
-            torch.zeros(1, 2, self.kv_heads, self.max_seq_len, self.head_size, dtype=kv_dtype, device=self.device)
-            for _ in range(self.num_layers)
-        ]
+        names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
+        self.paged = "kv_cache_block_offsets" in names
+        self.kv_cache: list[torch.Tensor] = []
+        self.kv_pool: torch.Tensor | None = None
+        self._paged_tensors: dict[str, torch.Tensor] = {}
+        if self.paged:
+            self._allocate_paged()
+        else:
+            kv_dtype = self._dtype("past_key_value_0")
+            self.kv_cache = [
+                torch.zeros(1, 2, self.kv_heads, self.max_seq_len, self.head_size, dtype=kv_dtype, device=self.device)
+                for _ in range(self.num_layers)
+            ]
         self.context_kv = torch.zeros(self.draft_layers, 2, 1, self.max_seq_len, self.draft_kv_heads,
                                       self.draft_head_size, dtype=self._dtype("dflash_context_kv"), device=self.device)
+
+    def _allocate_paged(self) -> None:
+        """The paged KV cache as TensorRT-LLM's KV cache manager lays it out for one sequence
+        (cpp/tensorrt_llm/kernels/kvCacheUtils.h ``KVBlockArray``; batch_manager/kvCacheManager.cpp
+        ``setOffsets``): one pool ``[blocks, layers, 2, kv_heads, tokens_per_block, head_size]``;
+        ``host_kv_cache_pool_pointers`` = (pool address, 0), ``host_kv_cache_pool_mapping[l]`` =
+        (pool 0, layer l), and block j's K / V entry in ``kv_cache_block_offsets`` =
+        ``(j * layers) * 2 + kv`` (the layer is added through the mapping)."""
+        tokens_per_block = int(self.build["plugin_config"]["tokens_per_block"])
+        blocks = -(-self.max_seq_len // tokens_per_block)
+        kv_dtype = self._dtype("dflash_context_kv")  # the engine dtype; the pool has no tensor of its own
+        self.kv_pool = torch.zeros(blocks, self.num_layers, 2, self.kv_heads, tokens_per_block, self.head_size,
+                                   dtype=kv_dtype, device=self.device)
+        entry = (np.arange(blocks, dtype=np.int64) * self.num_layers * 2)[None, :] + np.arange(2)[:, None]
+        offsets = torch.as_tensor(entry.astype(np.int32)).reshape(1, 1, 2, blocks)
+        self._paged_tensors = {
+            "kv_cache_block_offsets": offsets.to(self.device),
+            "host_kv_cache_block_offsets": offsets.clone(),
+            "host_kv_cache_pool_pointers": torch.tensor([[self.kv_pool.data_ptr(), 0]], dtype=torch.int64),
+            "host_kv_cache_pool_mapping": torch.tensor([[0, layer] for layer in range(self.num_layers)],
+                                                       dtype=torch.int32),
+        }
 
     def reset(self) -> None:
         self.past_len = 0
@@ -169,7 +201,8 @@ class DFlashEngineTarget:
 
     def _standard_inputs(self, ids: np.ndarray, positions: np.ndarray, is_context: bool,
                          last_token_ids: np.ndarray) -> dict[str, torch.Tensor]:
-        """Inputs of TensorRT-LLM's own prepare_inputs (continuous KV, packed tokens, gpt attention plugin)."""
+        """Inputs of TensorRT-LLM's own prepare_inputs (packed tokens, gpt attention plugin,
+        continuous or paged KV cache)."""
         n = int(ids.shape[0])
         seq = self.past_len + n
         tensors = {
@@ -189,6 +222,7 @@ class DFlashEngineTarget:
         }
         if self._all_reduce is not None:
             tensors["all_reduce_workspace"] = self._all_reduce[1]
+        tensors.update(self._paged_tensors)
         for i, layer in enumerate(self.kv_cache):
             tensors[f"past_key_value_{i}"] = layer
             tensors[f"present_key_value_{i}"] = layer  # in place

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import weakref
@@ -71,8 +72,9 @@ class _Allocation:
 
 class DeviceMemory:
     """Live allocations by address. Everything an engine dereferences must be in here:
-    tensors bound to an execution context are registered when they are bound, other
-    buffers (a paged KV pool) by whoever allocates them, as ``cudaMalloc`` would."""
+    tensors bound to an execution context are registered when they are bound; a buffer
+    the runtime allocated and passes by address only (a paged KV pool) is adopted on first
+    access if a live tensor owns it, as any ``cudaMalloc`` allocation is addressable."""
 
     def __init__(self) -> None:
         self._allocations: dict[int, _Allocation] = {}
@@ -94,14 +96,30 @@ class DeviceMemory:
 
     def find(self, address: int, nbytes: int) -> torch.Tensor:
         """The live tensor whose storage holds ``[address, address + nbytes)``."""
-        for alloc in self._live():
-            if alloc.start <= address and address + nbytes <= alloc.start + alloc.nbytes:
-                tensor = alloc.ref()
-                if tensor is not None:
-                    return tensor
+        for attempt in range(2):
+            for alloc in self._live():
+                if alloc.start <= address and address + nbytes <= alloc.start + alloc.nbytes:
+                    tensor = alloc.ref()
+                    if tensor is not None:
+                        return tensor
+            if attempt == 0 and not self._adopt(address, nbytes):
+                break
         raise EmulatedMemoryFault(
             f"illegal memory access: [{address:#x}, +{nbytes}) is not inside any live allocation"
         )
+
+    def _adopt(self, address: int, nbytes: int) -> bool:
+        """A buffer allocated without going through a binding (a paged KV pool the runtime
+        allocated itself, as it would with cudaMalloc): any live torch tensor owns memory
+        the device can address. Found once by a scan, then registered."""
+        for obj in gc.get_objects():
+            if issubclass(type(obj), torch.Tensor) and not obj.is_meta:  # type(): no __getattr__ proxies
+                storage = obj.untyped_storage()
+                start = storage.data_ptr()
+                if start <= address and address + nbytes <= start + storage.nbytes():
+                    self.register(obj)
+                    return True
+        return False
 
     def view(self, address: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A tensor of ``shape``/``dtype`` over the memory at ``address`` (no copy)."""
