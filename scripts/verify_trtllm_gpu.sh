@@ -268,7 +268,7 @@ ok
 step "Documented command 2: TensorRT-LLM's own trtllm-build with --speculative_decoding_mode dflash"
 cmd "$VENV/bin/trtllm-build" --checkpoint_dir "$WORK/ckpt" --output_dir "$WORK/engine" \
     --speculative_decoding_mode dflash --max_draft_len "$DRAFT_LEN" --max_batch_size 1 \
-    --kv_cache_type continuous --remove_input_padding enable || fail "trtllm-build failed"
+    --remove_input_padding enable || fail "trtllm-build failed"
 ok
 
 # ----------------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ def test_dflash_mode_refuses_other_checkpoints(fake_trtllm, tmp_path, capsys):
     assert fake_trtllm["argv"] is None
 
 
-@pytest.mark.parametrize("value", ["6", "1024"])
+@pytest.mark.parametrize("value", ["6", "257", "1024"])
 def test_max_draft_len_range(fake_trtllm, dflash_ckpt, capsys, value):
     code = build.main(["--checkpoint_dir", str(dflash_ckpt), "--speculative_decoding_mode", "dflash",
                        "--max_draft_len", value])

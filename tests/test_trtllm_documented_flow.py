@@ -61,11 +61,12 @@ def test_documented_flow_equals_the_pytorch_runtime(demo_pair):
 
         assert build.main(["--checkpoint_dir", str(root / "ckpt"), "--output_dir", str(root / "engine"),
                            "--speculative_decoding_mode", "dflash", "--max_draft_len", str(MAX_DRAFT_LEN),
-                           "--max_batch_size", "1", "--kv_cache_type", "continuous",
-                           "--remove_input_padding", "enable", "--max_input_len", "128", "--max_seq_len", "256"]) == 0
+                           "--max_batch_size", "1", "--remove_input_padding", "enable",
+                           "--max_input_len", "128", "--max_seq_len", "256"]) == 0
         config = json.loads((root / "engine" / "config.json").read_text())
         assert config["pretrained_config"]["architecture"] == "DFlashForCausalLM"
         assert config["pretrained_config"]["dtype"] == "bfloat16"
+        assert config["build_config"]["plugin_config"]["paged_kv_cache"] is True  # TensorRT-LLM's default
         for budget in (MAX_DRAFT_LEN, 0):
             engine_json, torch_json = root / f"engine_{budget}.json", root / f"torch_{budget}.json"
             common = ["--input_text", PROMPT, "--max_output_len", str(MAX_NEW), "--ddtree_budget", str(budget),

@@ -67,3 +67,55 @@ def test_package_and_pytorch_runtime_need_no_tensorrt():
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("OK")
+
+
+def _package_imports(path: Path, package: str) -> set[str]:
+    """Modules of ``package`` that ``path`` imports, at module level or inside functions."""
+    import ast
+
+    here = path.relative_to(ROOT).with_suffix("").as_posix().replace("/", ".")
+    parent = here.rsplit(".", 1)[0] if path.name != "__init__.py" else here.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = parent.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            module = name.removesuffix(".__init__")
+            if module.startswith(package + ".") and (ROOT / (module.replace(".", "/") + ".py")).is_file():
+                found.add(module)
+    return found - {here}
+
+
+def test_trtllm_modules_import_no_circle():
+    """No import circle inside tensorrt_llm_dflash/trtllm, function-level imports included (a
+    circle once ran build.py -> model.py -> config.py -> build.py; constants now live in
+    constants.py). A circle works or breaks depending on which module a process imports first."""
+    package = "tensorrt_llm_dflash.trtllm"
+    graph = {
+        path.relative_to(ROOT).with_suffix("").as_posix().replace("/", "."): _package_imports(path, package)
+        for path in sorted((ROOT / "tensorrt_llm_dflash" / "trtllm").glob("*.py")) if path.name != "__init__.py"
+    }
+    assert "tensorrt_llm_dflash.trtllm.constants" in graph["tensorrt_llm_dflash.trtllm.config"]
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join(stack[stack.index(nxt):] + [nxt]))
+            if nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
