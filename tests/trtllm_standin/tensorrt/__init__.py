@@ -45,11 +45,16 @@ class DataType(enum.Enum):
     BOOL = "bool"
     UINT8 = "uint8"
     FP8 = "fp8"
+    INT4 = "int4"
+    FP4 = "fp4"
+    E8M0 = "e8m0"
 
     @property
-    def itemsize(self) -> int:
+    def itemsize(self) -> int | float | None:
+        # python/packaging/bindings_wheel/tensorrt/__init__.py, _itemsize: sub-byte types are
+        # fractions, E8M0 has no entry (None).
         return {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int32": 4, "int64": 8, "bool": 1,
-                "uint8": 1, "fp8": 1}[self.value]
+                "uint8": 1, "fp8": 1, "int4": 0.5, "fp4": 0.5}.get(self.value)
 
 
 float32 = DataType.FLOAT
@@ -61,6 +66,9 @@ int64 = DataType.INT64
 bool = DataType.BOOL  # noqa: A001  (tensorrt exports `bool`)
 uint8 = DataType.UINT8
 fp8 = DataType.FP8
+int4 = DataType.INT4
+fp4 = DataType.FP4
+e8m0 = DataType.E8M0
 
 
 class TensorLocation(enum.Enum):
@@ -91,34 +99,125 @@ class PluginFieldType(enum.Enum):
     UNKNOWN = 8
     BF16 = 9
     INT64 = 10
+    FP8 = 11
+    INT4 = 12
+    FP4 = 13
 
 
 class NetworkDefinitionCreationFlag(enum.IntEnum):
     EXPLICIT_BATCH = 0
-    STRONGLY_TYPED = 5
+    STRONGLY_TYPED = 1
+    PREFER_JIT_PYTHON_PLUGINS = 2
+    PREFER_AOT_PYTHON_PLUGINS = 3
 
 
-class Logger:
-    INTERNAL_ERROR = 0
-    ERROR = 1
-    WARNING = 2
-    INFO = 3
-    VERBOSE = 4
+class UnaryOperation(enum.IntEnum):
+    EXP = 0
+    LOG = 1
+    SQRT = 2
+    RECIP = 3
+    ABS = 4
+    NEG = 5
+    SIN = 6
+    COS = 7
+    TAN = 8
+    SINH = 9
+    COSH = 10
+    ASIN = 11
+    ACOS = 12
+    ATAN = 13
+    ASINH = 14
+    ACOSH = 15
+    ATANH = 16
+    CEIL = 17
+    FLOOR = 18
+    ERF = 19
+    NOT = 20
+    SIGN = 21
+    ROUND = 22
+    ISINF = 23
+    ISNAN = 24
 
-    def __init__(self, min_severity: int = WARNING) -> None:
+
+class ElementWiseOperation(enum.IntEnum):
+    SUM = 0
+    PROD = 1
+    MAX = 2
+    MIN = 3
+    SUB = 4
+    DIV = 5
+    POW = 6
+    FLOOR_DIV = 7
+    AND = 8
+    OR = 9
+    XOR = 10
+    EQUAL = 11
+    GREATER = 12
+    LESS = 13
+
+
+class ActivationType(enum.IntEnum):
+    RELU = 0
+    SIGMOID = 1
+    TANH = 2
+    LEAKY_RELU = 3
+    ELU = 4
+    SELU = 5
+    SOFTSIGN = 6
+    SOFTPLUS = 7
+    CLIP = 8
+    HARD_SIGMOID = 9
+    SCALED_TANH = 10
+    THRESHOLDED_RELU = 11
+    GELU_ERF = 12
+    GELU_TANH = 13
+
+
+class ExecutionContextAllocationStrategy(enum.IntEnum):
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
+class ILogger:
+    class Severity(enum.IntEnum):
+        INTERNAL_ERROR = 0
+        ERROR = 1
+        WARNING = 2
+        INFO = 3
+        VERBOSE = 4
+
+    def log(self, severity: ILogger.Severity, msg: str) -> None:
+        raise NotImplementedError("a Python ILogger subclass must override log()")
+
+
+class Logger(ILogger):
+    # The package __init__ sets Logger.Severity = ILogger.Severity and copies the members.
+    Severity = ILogger.Severity
+    INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = tuple(ILogger.Severity)
+
+    def __init__(self, min_severity: ILogger.Severity = ILogger.Severity.WARNING) -> None:
         self.min_severity = min_severity
+
+    def log(self, severity: ILogger.Severity, msg: str) -> None:
+        if severity <= self.min_severity:
+            print(f"[TRT] {severity.name}: {msg}")
 
 
 # ------------------------------------------------------------------------------ plugins
 
 
 class PluginField:
-    def __init__(self, name: str = "", data: Any = None, type: PluginFieldType = PluginFieldType.UNKNOWN) -> None:  # noqa: A002
+    # The (name, data, type) constructor; the other overload, PluginField(name=""), is not used.
+    def __init__(self, name: str, data: Any, type: PluginFieldType = PluginFieldType.UNKNOWN) -> None:  # noqa: A002
         self.name, self.data, self.type = name, np.asarray(data) if data is not None else None, type
 
 
 class PluginFieldCollection(list):
-    """``trt.PluginFieldCollection(fields)``: a list of PluginField."""
+    """``trt.PluginFieldCollection(fields)``: ``py::bind_vector`` of PluginField, list-like."""
+
+    def __init__(self, arg0: Sequence[PluginField], /) -> None:
+        super().__init__(arg0)
 
 
 class IPluginRegistry:
@@ -136,7 +235,7 @@ class IPluginRegistry:
         self._creators[key] = creator
         return True
 
-    def add_dynamic_source(self, source: Callable[[], list[tuple[Any, str]]]) -> None:
+    def _add_dynamic_source(self, source: Callable[[], list[tuple[Any, str]]]) -> None:
         """Creators that appear when a shared library is loaded (the stand-in's way to see a
         library's static registrars run: ``source`` reports (creator, namespace) pairs)."""
         self._sources.append(source)
@@ -148,8 +247,8 @@ class IPluginRegistry:
                 found.setdefault((creator.name, creator.plugin_version, namespace), creator)
         return found
 
-    def get_creator(self, name: str, version: str, plugin_namespace: str = "") -> Any:
-        return self._all().get((name, version, plugin_namespace))
+    def get_creator(self, type: str, version: str, plugin_namespace: str = "") -> Any:  # noqa: A002
+        return self._all().get((type, version, plugin_namespace))
 
     @property
     def all_creators(self) -> list[Any]:
@@ -160,7 +259,7 @@ _registry = IPluginRegistry()
 # Plugin libraries the emulated device knows how to run, once the project loads them.
 from _emu.dflash_plugins import registered_creators as _dflash_creators  # noqa: E402
 
-_registry.add_dynamic_source(_dflash_creators)
+_registry._add_dynamic_source(_dflash_creators)
 
 
 def get_plugin_registry() -> IPluginRegistry:
@@ -286,10 +385,6 @@ class INetworkDefinition:
         self._flags = int(flags)
         self._views: dict[int, ITensor] = {}
 
-    @property
-    def strongly_typed(self) -> builtins.bool:  # not a real property name; used by the stand-in Network
-        return builtins.bool(self._flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
-
     def get_flag(self, flag: NetworkDefinitionCreationFlag) -> builtins.bool:
         return builtins.bool(self._flags & (1 << int(flag)))
 
@@ -396,8 +491,8 @@ class IBuilderConfig:
 
 
 class Builder:
-    def __init__(self, logger: Logger | None = None) -> None:
-        self.logger = logger or Logger()
+    def __init__(self, logger: ILogger) -> None:
+        self.logger = logger
 
     def create_network(self, flags: int = 0) -> INetworkDefinition:
         return INetworkDefinition(flags)
@@ -424,11 +519,11 @@ class Builder:
 
 
 class Runtime:
-    def __init__(self, logger: Logger | None = None) -> None:
-        self.logger = logger or Logger()
+    def __init__(self, logger: ILogger) -> None:
+        self.logger = logger
 
-    def deserialize_cuda_engine(self, serialized: bytes) -> ICudaEngine:
-        payload = pickle.loads(bytes(serialized))
+    def deserialize_cuda_engine(self, serialized_engine: bytes) -> ICudaEngine:
+        payload = pickle.loads(bytes(serialized_engine))
         graph: Graph = payload["graph"]
         graph.recreate_plugins(_registry, TensorRTPhase.RUNTIME)  # creators must be registered now
         return ICudaEngine(graph, payload["profiles"])
@@ -474,7 +569,9 @@ class ICudaEngine:
     def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[tuple[int, ...]]:
         return list(self._profiles[profile_index][name])
 
-    def create_execution_context(self) -> IExecutionContext:
+    def create_execution_context(
+        self, strategy: ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy.STATIC
+    ) -> IExecutionContext:
         return IExecutionContext(self)
 
 
@@ -492,7 +589,8 @@ class IExecutionContext:
 
     def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> builtins.bool:
         if not 0 <= profile_index < self.engine.num_optimization_profiles:
-            return False
+            # pyCore.cpp wraps the C++ call in PY_ASSERT_RUNTIME_ERROR: a refusal raises.
+            raise RuntimeError("Error in set optimization profile async.")
         self._profile = int(profile_index)
         return True
 

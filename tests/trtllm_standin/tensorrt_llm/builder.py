@@ -27,6 +27,17 @@ from .plugin.plugin import PluginConfig
 __version__ = "1.2.1"
 
 
+class _LoraConfig:
+    """Placeholder for ``LoraConfig`` (tensorrt_llm/lora_helper.py): nothing here reads LoRA
+    settings; the class exists so the field's factory has upstream's name."""
+
+    def to_dict(self):
+        return {}
+
+
+_LoraConfig.__name__ = "LoraConfig"  # upstream's name; __qualname__ stays importable for pickle
+
+
 @dataclass
 class BuildConfig:
     max_input_len: int = 1024
@@ -49,6 +60,7 @@ class BuildConfig:
     use_refit: bool = False
     input_timing_cache: str = None
     output_timing_cache: str = "model.cache"
+    lora_config: _LoraConfig = field(default_factory=_LoraConfig)
     weight_sparsity: bool = False
     weight_streaming: bool = False
     plugin_config: PluginConfig = field(default_factory=PluginConfig)
@@ -99,6 +111,7 @@ class BuildConfig:
         output = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)}
         output["kv_cache_type"] = None if self.kv_cache_type is None else self.kv_cache_type.name
         output["plugin_config"] = self.plugin_config.model_dump()
+        output["lora_config"] = self.lora_config.to_dict()
         output["speculative_decoding_mode"] = int(self.speculative_decoding_mode)
         output.pop("dry_run")
         output.pop("visualize_network")
@@ -115,8 +128,8 @@ class EngineConfig:
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, engine, managed_weights: dict = None):
-        self.config, self.engine, self.managed_weights = config, engine, managed_weights or {}
+    def __init__(self, config: EngineConfig, engine, managed_weights: dict = {}):  # noqa: B006 (upstream's default)
+        self.config, self.engine, self.managed_weights = config, engine, dict(managed_weights)
 
     def save(self, engine_dir: str):
         os.makedirs(engine_dir, exist_ok=True)
@@ -130,6 +143,10 @@ class Engine:
 
 
 class BuilderConfig:
+    def __init__(self, **kwargs):
+        # Upstream too: never constructed directly, Builder.create_builder_config calls _init.
+        pass
+
     def _init(self, trt_builder_config, **kwargs):
         self._trt_builder_config = trt_builder_config
         for key, value in kwargs.items():
@@ -165,8 +182,7 @@ class Builder:
                                      tensor_parallel=tensor_parallel, use_refit=use_refit, int8=int8,
                                      force_num_profiles=force_num_profiles, strongly_typed=strongly_typed, **kwargs)
 
-    @staticmethod
-    def _validate_named_dimensions(network: Network, builder_config) -> bool:
+    def _validate_named_dimensions(self, network: Network, builder_config) -> bool:
         """Every occurrence of a dimension name must have the same (min, opt, max) in each profile."""
         ok = True
         num_profiles = max((len(t.profiles) for t in network.get_inputs()), default=0)

@@ -22,7 +22,6 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
-from typing import Any
 
 import numpy as np
 import tensorrt as trt
@@ -32,6 +31,7 @@ from _emu.core import compute_dtype
 
 from ._common import default_net, default_trtnet
 from ._utils import dim_resolve_negative, np_dtype_to_trt, str_dtype_to_trt
+from .quantization import QuantMode
 
 
 class DimRange:
@@ -316,6 +316,13 @@ class AllReduceStrategy(enum.IntEnum):
 class AllReduceFusionOp(enum.IntEnum):
     NONE = 0
     RESIDUAL_RMS_NORM = 1
+    LAST_PROCESS_FOR_UB = 2
+    RESIDUAL_RMS_PREPOST_NORM = 3
+    RESIDUAL_RMS_NORM_QUANT_FP8 = 4
+    RESIDUAL_RMS_NORM_QUANT_NVFP4 = 5
+    RESIDUAL_RMS_NORM_OUT_QUANT_FP8 = 6
+    RESIDUAL_RMS_NORM_OUT_QUANT_NVFP4 = 7
+    MOE_FINALIZE_ALLREDUCE_RESIDUAL_RMS_NORM = 8
 
 
 class AllReduceParams:
@@ -434,7 +441,7 @@ _BOOL_OPS = ("GREATER", "LESS", "EQUAL", "AND", "OR", "XOR")
 
 def _k_elementwise(args, attrs):
     a, b = args
-    op = attrs["op"]
+    op = attrs["op"]  # the trt.ElementWiseOperation member's name
     if op in ("AND", "OR", "XOR"):
         return [{"AND": torch.logical_and, "OR": torch.logical_or, "XOR": torch.logical_xor}[op](a, b)]
     if op in ("GREATER", "LESS", "EQUAL"):
@@ -459,7 +466,9 @@ def _k_elementwise(args, attrs):
     raise EmulationError(f"unknown element-wise op {op}")
 
 
-def elementwise_binary(left: Tensor | int | float, right: Tensor | int | float, op: str) -> Tensor:
+def elementwise_binary(left: Tensor | int | float, right: Tensor | int | float,
+                       op: trt.ElementWiseOperation) -> Tensor:
+    op = trt.ElementWiseOperation(op).name
     left, right = broadcast_helper(left, right)
     if left.dtype == trt.int32 and right.dtype == trt.int64:
         left = cast(left, "int64")
@@ -475,20 +484,20 @@ def elementwise_binary(left: Tensor | int | float, right: Tensor | int | float, 
     return _layer("ELEMENTWISE", _k_elementwise, [left, right], [(out_dtype, shape)], {"op": op})
 
 
-add = partial(elementwise_binary, op="SUM")
-sub = partial(elementwise_binary, op="SUB")
-mul = partial(elementwise_binary, op="PROD")
-div = partial(elementwise_binary, op="DIV")
-floordiv = partial(elementwise_binary, op="FLOOR_DIV")
-gt = partial(elementwise_binary, op="GREATER")
-lt = partial(elementwise_binary, op="LESS")
-eq = partial(elementwise_binary, op="EQUAL")
-op_and = partial(elementwise_binary, op="AND")
-op_or = partial(elementwise_binary, op="OR")
-op_xor = partial(elementwise_binary, op="XOR")
-minimum = partial(elementwise_binary, op="MIN")
-maximum = partial(elementwise_binary, op="MAX")
-pow = partial(elementwise_binary, op="POW")  # noqa: A001
+add = partial(elementwise_binary, op=trt.ElementWiseOperation.SUM)
+sub = partial(elementwise_binary, op=trt.ElementWiseOperation.SUB)
+mul = partial(elementwise_binary, op=trt.ElementWiseOperation.PROD)
+div = partial(elementwise_binary, op=trt.ElementWiseOperation.DIV)
+floordiv = partial(elementwise_binary, op=trt.ElementWiseOperation.FLOOR_DIV)
+gt = partial(elementwise_binary, op=trt.ElementWiseOperation.GREATER)
+lt = partial(elementwise_binary, op=trt.ElementWiseOperation.LESS)
+eq = partial(elementwise_binary, op=trt.ElementWiseOperation.EQUAL)
+op_and = partial(elementwise_binary, op=trt.ElementWiseOperation.AND)
+op_or = partial(elementwise_binary, op=trt.ElementWiseOperation.OR)
+op_xor = partial(elementwise_binary, op=trt.ElementWiseOperation.XOR)
+minimum = partial(elementwise_binary, op=trt.ElementWiseOperation.MIN)
+maximum = partial(elementwise_binary, op=trt.ElementWiseOperation.MAX)
+pow = partial(elementwise_binary, op=trt.ElementWiseOperation.POW)  # noqa: A001
 
 
 def modulo(x: Tensor, y: Tensor | int) -> Tensor:
@@ -531,26 +540,41 @@ def _k_unary(args, attrs):
     if op == "NOT":
         return [torch.logical_not(x)]
     fns = {"EXP": torch.exp, "SQRT": torch.sqrt, "SIN": torch.sin, "COS": torch.cos, "ABS": torch.abs,
-           "LOG": torch.log, "ROUND": torch.round, "SIGMOID": torch.sigmoid}
+           "LOG": torch.log, "ROUND": torch.round}
+    if op not in fns:
+        raise EmulationError(f"unary {op} is not emulated")
     return [fns[op](_up(x))]
 
 
-def unary(input: Tensor, op: str) -> Tensor:
-    return _layer("UNARY", _k_unary, [input], [(input.dtype, input.shape)], {"op": op})
+def unary(input: Tensor, op: trt.UnaryOperation) -> Tensor:
+    return _layer("UNARY", _k_unary, [input], [(input.dtype, input.shape)], {"op": trt.UnaryOperation(op).name})
 
 
-round = partial(unary, op="ROUND")  # noqa: A001
-sqrt = partial(unary, op="SQRT")
-exp = partial(unary, op="EXP")
-sin = partial(unary, op="SIN")
-cos = partial(unary, op="COS")
-abs = partial(unary, op="ABS")  # noqa: A001
-log = partial(unary, op="LOG")
-not_op = partial(unary, op="NOT")
+round = partial(unary, op=trt.UnaryOperation.ROUND)  # noqa: A001
+sqrt = partial(unary, op=trt.UnaryOperation.SQRT)
+exp = partial(unary, op=trt.UnaryOperation.EXP)
+sin = partial(unary, op=trt.UnaryOperation.SIN)
+cos = partial(unary, op=trt.UnaryOperation.COS)
+abs = partial(unary, op=trt.UnaryOperation.ABS)  # noqa: A001
+log = partial(unary, op=trt.UnaryOperation.LOG)
+not_op = partial(unary, op=trt.UnaryOperation.NOT)
 
 
-def sigmoid(input: Tensor) -> Tensor:
-    return unary(input, "SIGMOID")
+def _k_activation(args, attrs):
+    (x,) = args
+    fns = {"SIGMOID": torch.sigmoid, "RELU": torch.relu, "TANH": torch.tanh}
+    if attrs["act_type"] not in fns:
+        raise EmulationError(f"activation {attrs['act_type']} is not emulated")
+    return [fns[attrs["act_type"]](_up(x))]
+
+
+def activation(input: Tensor, act_type: trt.ActivationType) -> Tensor:
+    return _layer("ACTIVATION", _k_activation, [input], [(input.dtype, input.shape)],
+                  {"act_type": trt.ActivationType(act_type).name})
+
+
+relu = partial(activation, act_type=trt.ActivationType.RELU)
+sigmoid = partial(activation, act_type=trt.ActivationType.SIGMOID)
 
 
 def silu(input: Tensor) -> Tensor:
@@ -1132,7 +1156,7 @@ def gpt_attention(
     kv_quant_orig_scale: Tensor | None = None,
     attention_output_orig_quant_scale: Tensor | None = None,
     attention_output_sf_scale: Tensor | None = None,
-    kv_cache_quant_mode: Any = None,
+    kv_cache_quant_mode: QuantMode | int = QuantMode(0),
     max_context_length: int | None = None,
     mask_type: AttentionMaskType = AttentionMaskType.causal,
     block_sparse_block_size: int = 64,
@@ -1243,3 +1267,25 @@ def gpt_attention(
     return output, present
 
 
+# ----------------------------------------------------------------------------- rope
+
+
+class RopeEmbeddingUtils:
+    """The RoPE tables the attention plugin reads (upstream ``create_sinusoidal_positions_for_attention_plugin``):
+    inv_freq float32 [dim/2] and cos/sin pairs float32 [1, num_pos * dim/2 * 2]."""
+
+    @staticmethod
+    def create_sinusoidal_positions_for_attention_plugin(num_pos: int, dim: int, theta: float = 10000.0,
+                                                        scale: float = 1.0,
+                                                        scale_type: RotaryScalingType = RotaryScalingType.none,
+                                                        rope_scaling_config: dict = None, dtype=np.float32):
+        if scale_type not in (RotaryScalingType.none, RotaryScalingType.linear):
+            raise NotImplementedError(f"the stand-in emulates rotary scaling none/linear, not {scale_type!r}")
+        if dtype != np.float32:
+            raise NotImplementedError("the attention plugin reads float32 tables")
+        if scale_type == RotaryScalingType.linear:
+            scale = 1.0 / scale
+        inv_freq = (scale / (theta ** (np.arange(0, dim, 2) / dim))).astype(np.float32)
+        sinusoid = np.einsum("i,j->ij", np.arange(num_pos, dtype=np.float32), inv_freq).astype(np.float32)
+        pairs = np.stack([np.cos(sinusoid), np.sin(sinusoid)], axis=-1)
+        return inv_freq, pairs.reshape(1, -1).astype(np.float32)

@@ -11,6 +11,10 @@ from ._common import set_network
 
 
 class Network:
+    def __init__(self, **kwargs):
+        # Upstream too: use Builder.create_network(), which calls _init.
+        pass
+
     def _init(self, trt_network):
         from .plugin.plugin import PluginConfig
 

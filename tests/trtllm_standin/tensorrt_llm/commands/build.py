@@ -69,7 +69,7 @@ def build_model(build_config: BuildConfig, rank: int = 0, ckpt_dir: str = None, 
     return build(model, build_config)
 
 
-def build_and_save(rank, gpu_id, ckpt_dir, build_config, output_dir, log_level, model_config, model_cls, kwargs):
+def build_and_save(rank, gpu_id, ckpt_dir, build_config, output_dir, log_level, model_config, model_cls, **kwargs):
     engine = build_model(build_config, rank, ckpt_dir, model_config, model_cls=model_cls, **kwargs)
     assert engine is not None
     engine.save(output_dir)
@@ -82,11 +82,11 @@ def parallel_build(model_config: PretrainedConfig, ckpt_dir, build_config: Build
     if workers == 1:
         for rank in range(world_size):
             build_and_save(rank, rank % max(workers, 1), ckpt_dir, build_config, output_dir, log_level, model_config,
-                           model_cls, kwargs)
+                           model_cls, **kwargs)
         return
     with ProcessPoolExecutor(mp_context=get_context("spawn"), max_workers=workers) as pool:
         futures = [pool.submit(build_and_save, rank, rank % workers, ckpt_dir, build_config, output_dir, log_level,
-                               model_config, model_cls, kwargs) for rank in range(world_size)]
+                               model_config, model_cls, **kwargs) for rank in range(world_size)]
         exceptions = []
         for future in as_completed(futures):
             try:

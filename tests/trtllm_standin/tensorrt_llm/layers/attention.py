@@ -10,13 +10,12 @@ of the top model (``rotary_inv_freq``, ``embed_positions_for_gpt_attention``), `
 
 from __future__ import annotations
 
-import numpy as np
-
 from ..functional import (
     AllReduceParams,
     AttentionMaskType,
     LayerNormType,
     PositionEmbeddingType,
+    RopeEmbeddingUtils,
     RotaryScalingType,
     Tensor,
     concat,
@@ -27,6 +26,7 @@ from ..functional import (
 )
 from ..module import Module
 from ..parameter import Parameter
+from ..quantization import QuantMode
 from .linear import ColumnLinear, RowLinear
 from .normalization import RmsNorm
 
@@ -115,24 +115,6 @@ class KeyValueCacheParams:
         return True
 
 
-class RopeEmbeddingUtils:
-    """The RoPE tables the attention plugin reads (upstream ``create_sinusoidal_positions_for_attention_plugin``):
-    inv_freq float32 [dim/2] and cos/sin pairs float32 [1, num_pos * dim/2 * 2]."""
-
-    @staticmethod
-    def create_sinusoidal_positions_for_attention_plugin(num_pos: int, dim: int, theta: float = 10000.0,
-                                                        scale: float = 1.0,
-                                                        scale_type: RotaryScalingType = RotaryScalingType.none):
-        if scale_type not in (RotaryScalingType.none, RotaryScalingType.linear):
-            raise NotImplementedError(f"the stand-in emulates rotary scaling none/linear, not {scale_type!r}")
-        if scale_type == RotaryScalingType.linear:
-            scale = 1.0 / scale
-        inv_freq = (scale / (theta ** (np.arange(0, dim, 2) / dim))).astype(np.float32)
-        sinusoid = np.einsum("i,j->ij", np.arange(num_pos, dtype=np.float32), inv_freq).astype(np.float32)
-        pairs = np.stack([np.cos(sinusoid), np.sin(sinusoid)], axis=-1)
-        return inv_freq, pairs.reshape(1, -1).astype(np.float32)
-
-
 class Attention(Module):
     def __init__(self, *, local_layer_idx, hidden_size, num_attention_heads, num_kv_heads=None,
                  max_position_embeddings=1024, num_layers=1, apply_query_key_layer_scaling=False,
@@ -143,7 +125,7 @@ class Attention(Module):
                  rotary_embedding_base_local=1.0, rotary_embedding_scaling=None, rotary_embedding_percentage=1.0,
                  rope_scaling_short_factors=None, rope_scaling_long_factors=None, rope_scaling_short_mscale=None,
                  rope_scaling_long_mscale=None, original_max_position_embeddings=1024, tp_group=None, tp_size=1,
-                 tp_rank=0, quant_mode=None, q_scaling=1.0, cross_attention=False, relative_attention=False,
+                 tp_rank=0, quant_mode=QuantMode(0), q_scaling=1.0, cross_attention=False, relative_attention=False,
                  max_distance=0, num_buckets=0, dense_bias=None, clip_qkv=None, alibi_bias_max=8,
                  skip_cross_kv=False, max_attn_value=0.0, block_sparse_params=None,
                  use_implicit_relative_attention=False, reorder=False, enable_qkv=True, cp_group=[0],  # noqa: B006

@@ -53,17 +53,24 @@ class SpeculativeDecodingMode(enum.IntFlag):
 
 
 class QuantConfig:
-    def __init__(self, quant_algo=None, kv_cache_quant_algo=None, **kwargs):
+    # Upstream is a dataclass with these fields; only "no quantization" is emulated.
+    def __init__(self, quant_algo=None, kv_cache_quant_algo=None, group_size=128, smoothquant_val=0.5,
+                 clamp_val=None, use_meta_recipe=False, has_zero_point=False, pre_quant_scale=False,
+                 exclude_modules=None, mamba_ssm_cache_dtype=None):
         if quant_algo is not None or kv_cache_quant_algo is not None:
             raise NotImplementedError("the stand-in does not emulate quantization")
         self.quant_algo, self.kv_cache_quant_algo = quant_algo, kv_cache_quant_algo
+        self.group_size, self.smoothquant_val, self.clamp_val = group_size, smoothquant_val, clamp_val
+        self.use_meta_recipe, self.has_zero_point, self.pre_quant_scale = use_meta_recipe, has_zero_point, \
+            pre_quant_scale
+        self.exclude_modules, self.mamba_ssm_cache_dtype = exclude_modules, mamba_ssm_cache_dtype
 
     @classmethod
     def from_dict(cls, config):
         return cls(**config)
 
     def to_dict(self):
-        return {"quant_algo": None, "kv_cache_quant_algo": None}
+        return dict(vars(self))
 
 
 class PretrainedConfig:

@@ -9,6 +9,7 @@ the emulated all-reduce checks that every address it is given is live device mem
 
 from __future__ import annotations
 
+import inspect
 from collections import OrderedDict
 
 import torch
@@ -79,10 +80,16 @@ class PluginConfig:
     def validate(self):
         return None
 
-    def model_dump(self, mode=None):
+    # pydantic.BaseModel's own methods upstream (PluginConfig does not override them); only the
+    # plain dump and copy are emulated.
+    def model_dump(self, *, mode="python", include=None, exclude=None, context=None, by_alias=None,
+                   exclude_unset=False, exclude_defaults=False, exclude_none=False, round_trip=False, warnings=True,
+                   fallback=None, serialize_as_any=False):
+        if include is not None or exclude is not None or exclude_unset or exclude_defaults or exclude_none:
+            raise NotImplementedError("the stand-in emulates a plain model_dump()")
         return {k: (v.value if hasattr(v, "value") else v) for k, v in self._values.items()}
 
-    def model_copy(self, update=None, deep=False):
+    def model_copy(self, *, update=None, deep=False):
         clone = PluginConfig()
         clone._values = dict(self._values)
         for k, v in (update or {}).items():
@@ -96,6 +103,13 @@ class PluginConfig:
 
     def to_legacy_setting(self):
         return self
+
+
+# Upstream's pydantic model takes every field as a keyword: say so to inspect.signature (the
+# stand-in keeps them in _values so "auto" can read back as dtype).
+PluginConfig.__init__.__signature__ = inspect.Signature(
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    + [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=value) for name, value in _FIELDS.items()])
 
 
 def add_plugin_argument(parser):
