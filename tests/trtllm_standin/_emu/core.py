@@ -113,12 +113,18 @@ class DeviceMemory:
         allocated itself, as it would with cudaMalloc): any live torch tensor owns memory
         the device can address. Found once by a scan, then registered."""
         for obj in gc.get_objects():
-            if issubclass(type(obj), torch.Tensor) and not obj.is_meta:  # type(): no __getattr__ proxies
+            # type(): no __getattr__ proxies; plain tensors and parameters only (a FakeTensor
+            # left behind by torch.compile elsewhere in the process has no memory to address)
+            if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.is_meta:
+                continue
+            try:
                 storage = obj.untyped_storage()
                 start = storage.data_ptr()
-                if start <= address and address + nbytes <= start + storage.nbytes():
-                    self.register(obj)
-                    return True
+            except RuntimeError:  # no addressable storage (sparse, a wrapper subclass)
+                continue
+            if start <= address and address + nbytes <= start + storage.nbytes():
+                self.register(obj)
+                return True
         return False
 
     def view(self, address: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
