@@ -359,7 +359,7 @@ def test_tp2_engine_equals_pytorch_runtime(tmp_path, arch):
         target, drafter, ckpt = write_checkpoint(tmp_path, arch, tp=2, heads=2, kv_heads=2 if arch == "llama" else 1)
         engine_dir = build_engine(tmp_path, ckpt, workers=2)
         assert (engine_dir / "rank0.engine").is_file() and (engine_dir / "rank1.engine").is_file()
-        prompts, budgets = PROMPTS[:2], [0, 8, MAX_DRAFT_LEN]
+        prompts, budgets = PROMPTS[:2], BUDGETS  # chain, DDTree 1, 8 and the engine maximum
         out = tmp_path / "tp2.json"
         code = TP_DRIVER.format(paths=[str(ROOT), str(ROOT / "tests")], engine=str(engine_dir), prompts=prompts,
                                 budgets=budgets, max_new=MAX_NEW, out=str(out))
@@ -380,7 +380,7 @@ def test_tp2_engine_equals_pytorch_runtime(tmp_path, arch):
             output_ids, acceptance, walk_log = runs[i]
             assert output_ids == expected.output_ids, (prompt, budget)
             assert acceptance == expected.stats.acceptance_lengths, (prompt, budget)
-            assert all(tuple(step[:2]) == tuple(step[2:]) for step in walk_log)
+            assert walk_log and all(tuple(step[:2]) == tuple(step[2:]) for step in walk_log), (prompt, budget)
             i += 1
 
 
