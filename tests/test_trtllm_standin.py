@@ -335,3 +335,120 @@ def test_everything_the_package_uses_is_pinned_and_emulated(api):
     missing = sorted(s for s in used if resolve(api, s) is None)
     assert not missing, f"used but not in the stand-in: {missing}"
 
+
+
+# ------------------------------------------------------------------ TensorRT semantics
+
+
+@pytest.fixture
+def active(tmp_path):
+    with standin.active(tmp_path / "lib", numerics="faithful"):  # declared dtypes are the storage dtypes
+        yield
+
+
+def _tiny_engine(dim_names=("batch", "hidden"), second_dims=("batch", "hidden"), location=None):
+    """x [b, 4] float32 and y [b, 4] int32 -> out = x * 2 + cast(y), one profile b in 1..4."""
+    from collections import OrderedDict
+
+    import tensorrt as trt
+    from tensorrt_llm.builder import Builder
+    from tensorrt_llm.functional import Tensor, cast
+    from tensorrt_llm.network import net_guard
+
+    builder = Builder()
+    network = builder.create_network()
+    with net_guard(network):
+        x = Tensor(name="x", dtype=trt.float32, shape=[-1, 4],
+                   dim_range=OrderedDict([(dim_names[0], [(1, 2, 4)]), (dim_names[1], [4])]))
+        kwargs = {} if location is None else {"location": location}
+        y = Tensor(name="y", dtype=trt.int32, shape=[-1, 4],
+                   dim_range=OrderedDict([(second_dims[0], [(1, 2, 3)]), (second_dims[1], [4])]), **kwargs)
+        out = x * 2.0 + cast(y, "float32")
+        out.mark_output("out", trt.float32)
+    config = builder.create_builder_config(precision="float32")
+    return builder, network, config
+
+
+def _session(engine_bytes):
+    from tensorrt_llm.runtime import Session
+
+    return Session.from_serialized_engine(engine_bytes)
+
+
+def test_session_runs_and_refuses_what_tensorrt_would(active):
+    import torch
+    from _emu import EmulationError
+
+    builder, network, config = _tiny_engine(second_dims=("batch2", "hidden"))
+    session = _session(builder.build_engine(network, config))
+    x, y = torch.arange(8.0).view(2, 4), torch.ones(2, 4, dtype=torch.int32)
+    for name, t in (("x", x), ("y", y)):
+        assert session.context.set_input_shape(name, tuple(t.shape))
+    out = torch.empty(2, 4)
+    # (before any run: TensorRT keeps a context's addresses from one run to the next)
+    with pytest.raises(EmulationError, match="no address set for input 'y'"):
+        session.run({"x": x}, {"out": out}, 0)
+    assert session.run({"x": x, "y": y}, {"out": out}, 0)
+    assert torch.equal(out, x * 2 + 1)
+    with pytest.raises(EmulationError, match="invalid tensor name 'z'"):
+        session.run({"x": x, "y": y, "z": y}, {"out": out}, 0)
+    with pytest.raises(EmulationError, match="'y' is bound as torch.float32, the engine reads torch.int32"):
+        session.run({"x": x, "y": y.float()}, {"out": out}, 0)
+    assert not session.context.set_input_shape("x", (5, 4))  # the profile allows 1..4
+    assert not session.context.set_input_shape("x", (2, 4, 1))
+    with pytest.raises(ValueError, match="Couldn't assign y with shape"):
+        session.set_shapes({"x": x, "y": torch.ones(4, 4, dtype=torch.int32)})  # y's own range is 1..3
+
+
+def test_named_dimensions_must_agree(active):
+    """Builder._validate_named_dimensions (tensorrt_llm/builder.py): one name, one range."""
+    builder, network, config = _tiny_engine(second_dims=("batch", "hidden"))  # "batch" is 1..4 and 1..3
+    assert builder._validate_named_dimensions(network, config) is False
+    builder, network, config = _tiny_engine(second_dims=("batch2", "hidden"))
+    assert builder._validate_named_dimensions(network, config) is True
+
+
+def test_host_location_is_refused_when_built(active):
+    import tensorrt as trt
+    from _emu import EmulationError
+
+    with pytest.warns(DeprecationWarning, match="deprecated since TensorRT 10.0"):
+        builder, network, config = _tiny_engine(second_dims=("batch2", "hidden"), location=trt.TensorLocation.HOST)
+    with pytest.raises(EmulationError, match="input 'y': the location must always be kDEVICE"):
+        builder.build_engine(network, config)
+
+
+def test_functional_semantics_differ_from_torch_where_tensorrt_does(active):
+    """gather is GatherElements, concat takes Python ints, element-wise ops are strongly typed
+    (int32 meets int64 only through the explicit reconciliation functional does), and a read
+    outside every live allocation is a fault, not garbage."""
+    from collections import OrderedDict
+
+    import numpy as np
+    import tensorrt as trt
+    import torch
+    from _emu import EmulatedMemoryFault, EmulationError, device_memory
+    from tensorrt_llm.builder import Builder
+    from tensorrt_llm.functional import Tensor, concat, constant, gather, shape
+    from tensorrt_llm.network import net_guard
+
+    builder = Builder()
+    network = builder.create_network()
+    with net_guard(network):
+        x = Tensor(name="x", dtype=trt.float32, shape=[2, 3], dim_range=OrderedDict([("r", [2]), ("c", [3])]))
+        index = constant(np.array([[2, 0], [1, 1]], dtype=np.int32))
+        gathered = gather(x, 1, index)  # GatherElements: out[i][j] = x[i][index[i][j]]
+        gathered.mark_output("gathered", trt.float32)
+        dims = concat([shape(x, 0), 7])  # a shape tensor with a Python int in it
+        dims.mark_output("dims", trt.int32)
+        with pytest.raises(EmulationError, match="input types differ"):
+            _ = x + constant(np.ones((2, 3), dtype=np.float16))
+    session = _session(builder.build_engine(network, builder.create_builder_config(precision="float32")))
+    x_value = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+    assert session.context.set_input_shape("x", (2, 3))
+    outs = {"gathered": torch.empty(2, 2), "dims": torch.empty(2, dtype=torch.int32)}
+    session.run({"x": x_value}, outs, 0)
+    assert outs["gathered"].tolist() == [[3.0, 1.0], [5.0, 5.0]]
+    assert outs["dims"].tolist() == [2, 7]
+    with pytest.raises(EmulatedMemoryFault, match="illegal memory access"):
+        device_memory.view(16, (4,), torch.float32)

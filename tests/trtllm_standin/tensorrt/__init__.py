@@ -627,7 +627,10 @@ class IExecutionContext:
 
     def set_tensor_address(self, name: str, memory: int) -> builtins.bool:
         if self.engine._graph.io_record(name) is None:
-            return False
+            # TensorRT logs "Given invalid tensor name" and returns false, and TensorRT-LLM's
+            # Session.run does not look at the result: the stand-in raises, so a runner binding
+            # a name the engine lacks cannot pass unnoticed.
+            raise EmulationError(f"setTensorAddress: given invalid tensor name {name!r}: the engine has no such I/O")
         self._addresses[name] = int(memory)
         return True
 

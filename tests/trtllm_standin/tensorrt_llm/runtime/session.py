@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorrt as trt
 import torch
-from _emu import device_memory
+from _emu import EmulationError, device_memory, physical_dtype
 
 
 @dataclass
@@ -90,6 +90,12 @@ class Session:
         for tensor_name in list(inputs) + list(outputs):
             tensor = inputs[tensor_name] if tensor_name in inputs else outputs[tensor_name]
             if isinstance(tensor, torch.Tensor):
+                # TensorRT reads the bytes as the engine's dtype whatever torch says they are:
+                # a mismatch is a misread on a GPU; the stand-in refuses it by name.
+                expected = physical_dtype(self._engine.get_tensor_dtype(tensor_name).value) \
+                    if self._engine._graph.io_record(tensor_name) is not None else None
+                if expected is not None and tensor.dtype != expected:
+                    raise EmulationError(f"{tensor_name!r} is bound as {tensor.dtype}, the engine reads {expected}")
                 device_memory.register(tensor)
                 ptr = tensor.data_ptr()
             else:
