@@ -37,7 +37,7 @@ def round_to(model: torch.nn.Module, dtype: str) -> torch.nn.Module:
 def make_target(arch: str, *, heads: int = 2, kv_heads: int = 1, head_dim: int = 64, layers: int = 4,
                 seed: int = 0, vocab: int = VOCAB) -> torch.nn.Module:
     """A float64 HF target the engine can run: head_dim 64, q/k norm eps as TensorRT-LLM's (1e-5)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from test_trtllm_convert import random_hf_target
 
     torch.manual_seed(seed)
     common = {
@@ -48,16 +48,7 @@ def make_target(arch: str, *, heads: int = 2, kv_heads: int = 1, head_dim: int =
         # QWenDecoderLayer passes no eps): the same value here keeps the comparison exact.
         "rms_norm_eps": 1e-5,
     }
-    if arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, tie_word_embeddings=False, **common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(head_dim=head_dim, tie_word_embeddings=True, **common))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() > 1:
-                p.normal_(0, 0.3)
-            elif "norm" in name:
-                p.uniform_(0.5, 1.5)
+    model = random_hf_target(arch, common, head_dim)
     model.generation_config.eos_token_id = None
     return round_to(model.double().eval(), ENGINE_DTYPE[arch])
 

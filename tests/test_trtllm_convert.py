@@ -35,8 +35,6 @@ TOL = 1e-5
 
 def make_target(arch: str, *, vocab: int, kv_heads: int, seed: int = 0):
     """A tiny random fp32 HF target (same recipe as tests/tiny_models.py, float32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
     torch.manual_seed(seed)
     common = {
         "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
@@ -44,17 +42,25 @@ def make_target(arch: str, *, vocab: int, kv_heads: int, seed: int = 0):
         "attn_implementation": "sdpa", "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
         "rope_theta": 10000.0,
     }
+    return random_hf_target(arch, common, head_dim=8).float().eval()
+
+
+def random_hf_target(arch: str, common: dict, head_dim: int) -> torch.nn.Module:
+    """Qwen3 (untied lm_head) or Llama (tied) from ``common`` config fields, weights N(0, 0.3),
+    norms U(0.5, 1.5), drawn from torch's current seed."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
     if arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=8, tie_word_embeddings=False, **common))
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=head_dim, tie_word_embeddings=False, **common))
     else:
-        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+        model = LlamaForCausalLM(LlamaConfig(head_dim=head_dim, tie_word_embeddings=True, **common))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.3)
             elif "norm" in name:
                 p.uniform_(0.5, 1.5)
-    return model.float().eval()
+    return model
 
 
 def make_drafter(target, *, layers: int = 2, block_size: int = 4, draft_vocab: int | None = None,

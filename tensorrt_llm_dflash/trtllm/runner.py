@@ -80,7 +80,6 @@ class DFlashEngineTarget:
         from .plugins import load_plugin_library
 
         load_plugin_library()  # DFlashTreeMask / DFlashKVCompact creators, before deserialising
-        self._trt = trt
         config = read_engine_config(engine_dir)
         self.pretrained, self.build = config["pretrained_config"], config["build_config"]
         mapping = self.pretrained["mapping"]
@@ -94,6 +93,9 @@ class DFlashEngineTarget:
         self.session = Session.from_serialized_engine(engine_file.read_bytes())
         self.engine = self.session.engine
         self.context = self.session.context
+        # The engine's I/O names: fixed for its lifetime, so read once, not on every pass.
+        self.io_names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input_names = [n for n in self.io_names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
 
         sub = self.pretrained["dflash"]
         tp = int(mapping["tp_size"])
@@ -137,8 +139,7 @@ class DFlashEngineTarget:
         return CustomAllReduceHelper.allocate_workspace(trt_mapping, size)  # (IPC buffers, CPU int64 tensor)
 
     def _allocate(self) -> None:
-        names = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
-        self.paged = "kv_cache_block_offsets" in names
+        self.paged = "kv_cache_block_offsets" in self.input_names
         self.kv_cache: list[torch.Tensor] = []
         self.kv_pool: torch.Tensor | None = None
         self._paged_tensors: dict[str, torch.Tensor] = {}
@@ -271,16 +272,13 @@ class DFlashEngineTarget:
         return profile
 
     def _run(self, inputs: dict[str, torch.Tensor], is_context: bool) -> dict[str, torch.Tensor]:
-        trt = self._trt
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        in_names = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        missing = [n for n in in_names if n not in inputs]
+        missing = [n for n in self.input_names if n not in inputs]
         if missing:
             raise DFlashConfigError(
                 f"the engine has inputs this runtime does not provide: {missing}; build it with {REQUIRED_BUILD}"
             )
         profile = self._select_profile(is_context)
-        bound = {n: inputs[n] for n in in_names}
+        bound = {n: inputs[n] for n in self.input_names}
         for name, tensor in bound.items():
             if not self.context.set_input_shape(name, tuple(tensor.shape)):
                 lo, _, hi = self.engine.get_tensor_profile_shape(name, profile)
@@ -290,7 +288,7 @@ class DFlashEngineTarget:
                     "--max_draft_len) or send a shorter prompt"
                 )
         outputs: dict[str, torch.Tensor] = {}
-        for name in names:
+        for name in self.io_names:
             if name in bound:
                 continue
             if name in inputs:  # present_key_value_{i}: the same buffer as past_key_value_{i}
