@@ -1,0 +1,189 @@
+"""Crash-safe writes: every file goes to a temporary name and is renamed into place, and a
+directory result is built aside and swapped in only when complete.
+
+A kill at any moment therefore leaves either the previous good file (directory) or the new
+complete one, plus at worst a hidden temporary (``.NAME.tmp-*`` / ``.NAME.staging-*``) that
+no loader reads and the next write of the same result removes.
+
+Why fsync before the rename: without it a power cut can publish the new name before its
+data reach the disk, which is the half-written file this module exists to prevent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import IO, Any
+
+_TMP_TAG = ".tmp-"
+_STAGING_TAG = ".staging-"
+_OLD_TAG = ".old-"
+
+
+def _temp_sibling(path: Path, tag: str) -> Path:
+    return path.parent / f".{path.name}{tag}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_stream(f: IO[Any], write: Callable[[IO[Any]], None]) -> None:
+    """The one place bytes reach a temporary file (the kill tests slow it down)."""
+    write(f)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[Any]], None], binary: bool = True) -> Path:
+    """Call ``write(f)`` on a temporary sibling of ``path``, then rename it onto ``path``."""
+    path = Path(path)
+    tmp = _temp_sibling(path, _TMP_TAG)
+    try:
+        with open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            _write_stream(f, write)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda f: f.write(text), binary=False)
+
+
+def atomic_write_json(path: str | Path, obj: Any, indent: int | None = 2, **dumps_kwargs: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=indent, **dumps_kwargs) + "\n")
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> Path:
+    import torch
+
+    return atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_save_safetensors(tensors: dict[str, Any], path: str | Path, metadata: dict[str, str] | None = None) -> Path:
+    """safetensors ``save_file`` into a temporary sibling, then rename (no in-memory copy of
+    the whole file, which matters for the multi-GB ranks of a converted checkpoint)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = _temp_sibling(path, _TMP_TAG)
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def remove_stale_temporaries(directory: str | Path) -> list[Path]:
+    """Delete the hidden temporaries a killed writer left in ``directory``; returns them."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for entry in directory.iterdir():
+        name = entry.name
+        if name.startswith(".") and any(tag in name for tag in (_TMP_TAG, _STAGING_TAG, _OLD_TAG)):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+            removed.append(entry)
+    return removed
+
+
+# ------------------------------------------------------------------ directory results
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_fdcwd = -100
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE)
+    return rc == 0
+
+
+def _is_owned(name: str, owned: Iterable[str]) -> bool:
+    return any(fnmatch(name, pattern) for pattern in owned)
+
+
+@contextlib.contextmanager
+def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
+    """Build a directory result in a staging directory; publish it only if the block succeeds.
+
+    ``owned`` are glob patterns of the files this kind of result consists of. Files of an
+    earlier result that match them and are not rewritten disappear (stale shards of a
+    conversion with more ranks, an old ``model.safetensors.index.json``); anything else
+    the user keeps in the directory (a model card, notes) is carried over. On Linux the
+    old and new directories are exchanged in one atomic rename; elsewhere the window is
+    two renames, and the loser of a kill inside it is a hidden ``.NAME.old-*`` sibling.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{final.name}{_STAGING_TAG}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for stale in final.parent.glob(f".{final.name}{_OLD_TAG}*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = _temp_sibling(final, _STAGING_TAG)
+    staging.mkdir()
+    try:
+        yield staging
+        owned = list(owned)
+        if final.is_dir():
+            for entry in final.iterdir():
+                target = staging / entry.name
+                if entry.is_file() and not _is_owned(entry.name, owned) and not target.exists():
+                    shutil.copy2(entry, target)
+        for entry in staging.iterdir():
+            if entry.is_file():
+                with open(entry, "rb") as f:
+                    os.fsync(f.fileno())
+        _fsync_dir(staging)
+        if final.is_dir():
+            if _exchange(staging, final):
+                shutil.rmtree(staging, ignore_errors=True)  # now holds the previous result
+            else:
+                old = _temp_sibling(final, _OLD_TAG)
+                os.rename(final, old)
+                os.rename(staging, final)
+                shutil.rmtree(old, ignore_errors=True)
+        elif final.exists():
+            raise FileExistsError(f"{final} exists and is not a directory")
+        else:
+            os.rename(staging, final)
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
