@@ -20,31 +20,55 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.assets import resolve_drafter_dir  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.precision import low_precision_warning  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="humaneval", help="'humaneval' or a .jsonl file of {\"prompt\": ...} lines")
-    ap.add_argument("--num_prompts", type=int, default=20, help="the first N prompts, in file order")
-    ap.add_argument("--max_output_len", type=int, default=128, help="new tokens per prompt (fewer on EOS)")
+    ap.add_argument("--num_prompts", type=cli.integer(1), default=20, help="the first N prompts, in file order")
+    ap.add_argument("--max_output_len", type=cli.integer(1, 1 << 20), default=128,
+                    help="new tokens per prompt (fewer on EOS)")
     ap.add_argument("--methods", nargs="+", default=["ar", "hf", "pld", "dflash", "ddtree:16"])
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top_p", type=float, default=1.0)
-    ap.add_argument("--top_k", type=int, default=0)
-    ap.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i by every method")
-    ap.add_argument("--target_model_dir", default=None, help="HF causal-LM dir or .gguf (default: embedded SmolLM2)")
-    ap.add_argument("--draft_model_dir", default=None, help="DFlash drafter dir (default: the shipped demo drafter)")
+    ap.add_argument("--temperature", type=cli.number(0.0), default=0.0)
+    ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
+    ap.add_argument("--top_k", type=cli.integer(0), default=0)
+    ap.add_argument("--seed", type=cli.seed, default=0, help="prompt i is sampled with seed + i by every method")
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                    help="HF causal-LM dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--draft_model_dir", type=cli.existing_dir, default=None,
+                    help="DFlash drafter dir (default: the shipped demo drafter)")
     ap.add_argument("--no_chat_template", action="store_true", help="send prompt text as-is (recorded in results)")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32",
+                    help="float32/float64: outputs are checked against AR (a mismatch exits 1); "
+                         "float16/bfloat16: the match rate is reported instead")
+    ap.add_argument("--threads", type=cli.threads, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--no_warmup", action="store_true", help="skip the untimed warm-up prompt")
     ap.add_argument("--no_progress", action="store_true", help="hide the progress bar")
-    ap.add_argument("--lora_inject_dir", default=None,
+    ap.add_argument("--lora_inject_dir", type=cli.existing_dir, default=None,
                     help="LoRA-inject adapter dir: adds the methods lora_inject and lora_inject_ddtree:B")
-    ap.add_argument("--output_dir", default="bench_results")
-    return ap.parse_args(argv)
+    ap.add_argument("--output_dir", type=cli.output_dir, default="bench_results")
+    args = ap.parse_args(argv)
+    from tensorrt_llm_dflash import bench
+    from tensorrt_llm_dflash.errors import DFlashInputError
+
+    if args.lora_inject_dir:
+        from tensorrt_llm_dflash.lora_inject import register_bench_methods
+
+        register_bench_methods(args.lora_inject_dir)
+    try:
+        args.parsed_methods = bench.parse_methods(args.methods)
+    except DFlashInputError as err:
+        cli.refuse(ap, "--methods", str(err))
+    if args.dataset != bench.HUMANEVAL:
+        try:
+            cli.existing_file(args.dataset)
+        except argparse.ArgumentTypeError as err:
+            cli.refuse(ap, "--dataset", f"is neither 'humaneval' nor a JSONL file: {err}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,11 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         from tensorrt_llm_dflash.target import check_prompt_fits, load_target, max_positions
 
         # Everything cheap is checked before the models load.
-        if args.lora_inject_dir:
-            from tensorrt_llm_dflash.lora_inject import register_bench_methods
-
-            register_bench_methods(args.lora_inject_dir)
-        methods = bench.parse_methods(args.methods)
+        methods = args.parsed_methods
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.seed)
         prompts = bench.load_prompts(args.dataset, args.num_prompts)
         # Checked before anything heavy is loaded.
@@ -71,6 +91,10 @@ def main(argv: list[str] | None = None) -> int:
                      if bench.needs_drafter(methods) else None)
         if args.threads:
             torch.set_num_threads(args.threads)
+        warning = low_precision_warning(args.dtype, any(not bench.METHOD_KINDS[m.kind].autoregressive
+                                                         for m in methods))
+        if warning:
+            print(warning + " The report gives each method's match rate against AR.", file=sys.stderr)
 
         dtype = getattr(torch, args.dtype)
         model, tokenizer = load_target(args.target_model_dir, dtype=dtype)
@@ -88,12 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                                  drafter=drafter, tokenizer=tokenizer)
         records = bench.run_benchmark(ctx, methods, prompt_ids, seed=args.seed, warmup=not args.no_warmup,
                                       progress=not args.no_progress)
-        summary = bench.summarize(records, methods, sampling.greedy)
+        summary = bench.summarize(records, methods, sampling.greedy, dtype=args.dtype)
         run_info = {
             "command": command,
             "git_commit": bench.git_commit(),
             "machine": bench.machine_info(args.threads),
-            "config": {**vars(args), "num_prompts": len(prompt_ids), "chat_template": not args.no_chat_template,
+            "config": {**{k: v for k, v in vars(args).items() if k != "parsed_methods"}, "num_prompts": len(prompt_ids), "chat_template": not args.no_chat_template,
                        "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct", "drafter": draft_dir,
                        "stop_token_ids": ctx.stop_token_ids, "prompt_tokens": [len(p) for p in prompt_ids]},
         }
@@ -101,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: nothing written to {args.output_dir} (a partial benchmark compares methods on "
+              "different prompts)", file=sys.stderr)
+        return 130
 
     print(bench.results_markdown(summary, run_info, []))
     print("wrote " + ", ".join(str(p) for p in written))

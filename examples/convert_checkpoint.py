@@ -18,21 +18,41 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tensorrt_llm_dflash import cli  # noqa: E402
+from tensorrt_llm_dflash.config import DFlashDraftConfig  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.trtllm.constants import MAX_ENGINE_DRAFT_LEN  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model_dir", required=True, help="HF target directory (config.json + *.safetensors)")
-    ap.add_argument("--dflash_model_dir", required=True, help="DFlash drafter directory (published format)")
-    ap.add_argument("--output_dir", required=True, help="where config.json and rank{N}.safetensors go")
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model_dir", type=cli.existing_dir, required=True,
+                    help="HF target directory (config.json + *.safetensors)")
+    ap.add_argument("--dflash_model_dir", type=cli.existing_dir, required=True,
+                    help="DFlash drafter directory (published format)")
+    ap.add_argument("--output_dir", type=cli.output_dir, required=True,
+                    help="where config.json and rank{N}.safetensors go (replaced as a whole when complete)")
     ap.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto")
-    ap.add_argument("--tp_size", type=int, default=1)
-    ap.add_argument("--pp_size", type=int, default=1)
-    ap.add_argument("--max_draft_len", type=int, default=None,
-                    help="default draft length stored in config.json (default: block_size - 1)")
+    ap.add_argument("--tp_size", type=cli.integer(1, 1024), default=1)
+    ap.add_argument("--pp_size", type=cli.integer(1, 1), default=1,
+                    help="must be 1: the drafter reads target layers from every pipeline stage")
+    ap.add_argument("--max_draft_len", type=cli.integer(1, MAX_ENGINE_DRAFT_LEN), default=None,
+                    help="default draft length stored in config.json (default: block_size - 1; at least that)")
     ap.add_argument("--no_progress", action="store_true", help="no progress bar")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for name in ("model_dir", "dflash_model_dir"):
+        if Path(args.output_dir).resolve() == Path(getattr(args, name)).resolve():
+            cli.refuse(ap, "--output_dir", f"{args.output_dir!r} is also --{name}")
+    if args.max_draft_len is not None:
+        # Only the drafter's config.json is read here: the weights load after every argument is settled.
+        try:
+            block_size = DFlashDraftConfig.from_pretrained(args.dflash_model_dir).block_size
+        except DFlashError as err:
+            cli.refuse(ap, "--dflash_model_dir", str(err))
+        if args.max_draft_len < block_size - 1:
+            cli.refuse(ap, "--max_draft_len", f"{args.max_draft_len} is below the drafter's chain length "
+                       f"block_size - 1 = {block_size - 1}; allowed {block_size - 1}..{MAX_ENGINE_DRAFT_LEN}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {args.output_dir} is unchanged", file=sys.stderr)
+        return 130
     print(f"wrote {args.output_dir}: {config['mapping']['world_size']} rank(s), dtype {config['dtype']}, "
           f"{config['num_hidden_layers']} target + {config['dflash']['num_hidden_layers']} draft layers, "
           f"in {time.perf_counter() - t0:.1f}s")

@@ -13,45 +13,71 @@ it runs the embedded SmolLM2-135M-Instruct target with the shipped demo drafter.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.precision import guarantee, low_precision_warning  # noqa: E402
+from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
+
+DTYPES = ["float32", "bfloat16", "float16", "float64"]
+#: Longest generation accepted on the command line; the target's own limit is checked after loading.
+MAX_OUTPUT_LEN = 1 << 20
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> cli.ArgumentParser:
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="Exactness by --dtype: " + "; ".join(guarantee(d) for d in DTYPES) + ".")
     ap.add_argument("--speculative_decoding_mode", choices=["none", "dflash"], default="dflash")
     ap.add_argument("--backend", choices=["pytorch", "trt"], default=None,
                     help="pytorch (transformers) or trt (a TensorRT-LLM engine; implied by --engine_dir)")
-    ap.add_argument("--target_model_dir", default=None, help="HF causal-LM dir or .gguf (default: embedded SmolLM2)")
-    ap.add_argument("--draft_model_dir", default=None, help="DFlash drafter dir (default: the shipped demo drafter)")
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                    help="HF causal-LM dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--draft_model_dir", type=cli.existing_dir, default=None,
+                    help="DFlash drafter dir (default: the shipped demo drafter)")
     ap.add_argument("--draft_type", choices=["dflash", "lora_inject"], default="dflash",
                     help="lora_inject: --draft_model_dir is a LoRA-inject adapter (docs/lora_inject.md)")
-    ap.add_argument("--engine_dir", default=None, help="TensorRT-LLM engine dir (implies --backend trt)")
-    ap.add_argument("--tokenizer_dir", default=None, help="tokenizer for --engine_dir")
+    ap.add_argument("--engine_dir", type=cli.existing_dir, default=None,
+                    help="TensorRT-LLM engine dir (implies --backend trt)")
+    ap.add_argument("--tokenizer_dir", type=cli.existing_path, default=None, help="tokenizer for --engine_dir")
     ap.add_argument("--use_py_session", action="store_true", help="accepted for TensorRT-LLM compatibility")
-    ap.add_argument("--input_text", nargs="+", default=["Write a Python function that checks whether a number is prime."])
+    ap.add_argument("--input_text", type=cli.utf8_text, nargs="+",
+                    default=["Write a Python function that checks whether a number is prime."])
     ap.add_argument("--no_chat_template", action="store_true", help="send the text as-is")
-    ap.add_argument("--max_output_len", type=int, default=128)
-    ap.add_argument("--ddtree_budget", type=int, default=None,
+    ap.add_argument("--max_output_len", type=cli.integer(1, MAX_OUTPUT_LEN), default=128)
+    ap.add_argument("--ddtree_budget", type=cli.integer(0, MAX_DDTREE_BUDGET), default=None,
                     help="DDTree node budget; 0 = DFlash chain (default: tuned for the demo drafter)")
-    ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--top_p", type=float, default=1.0)
-    ap.add_argument("--top_k", type=int, default=0)
-    ap.add_argument("--random_seed", type=int, default=0)
-    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32")
-    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    ap.add_argument("--output_json", default=None)
-    ap.add_argument("--streaming", action="store_true", help="print tokens as they are committed")
+    ap.add_argument("--temperature", type=cli.number(0.0), default=0.0, help="0 = greedy")
+    ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
+    ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
+    ap.add_argument("--random_seed", type=cli.seed, default=0)
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="float32/float64: greedy output equals the target's own, token for token; "
+                         "float16/bfloat16: not guaranteed (see below)")
+    ap.add_argument("--device", type=cli.device, default=None, help="cpu or cuda (default: cuda if available)")
+    ap.add_argument("--threads", type=cli.threads, default=None, help="torch CPU threads")
+    ap.add_argument("--output_json", type=cli.output_file, default=None,
+                    help="results, rewritten (atomically) after every prompt, so an interrupted run keeps its work")
+    ap.add_argument("--streaming", action="store_true", help="print text as tokens are committed")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.backend is None:
         args.backend = "trt" if args.engine_dir else "pytorch"
+    if args.backend == "trt":
+        if args.engine_dir is None:
+            cli.refuse(ap, "--backend", "'trt' needs --engine_dir")
+        cli.require_module(ap, "--engine_dir", "tensorrt_llm",
+                           "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
+        if args.draft_type != "dflash":
+            cli.refuse(ap, "--draft_type", f"{args.draft_type!r} runs only with --backend pytorch")
     return args
 
 
@@ -60,17 +86,21 @@ def build_pytorch(args: argparse.Namespace):
     import torch
 
     from tensorrt_llm_dflash.assets import DEMO_DDTREE_BUDGET, resolve_drafter_dir
+    from tensorrt_llm_dflash.config import DFlashDraftConfig
     from tensorrt_llm_dflash.drafter import load_dflash_drafter
     from tensorrt_llm_dflash.proposer import DFlashProposer
     from tensorrt_llm_dflash.target import HFTargetVerifier, load_target, target_dims
 
     dtype = getattr(torch, args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
-    proposer = None
+    draft_dir = None
     if args.speculative_decoding_mode == "dflash":
         draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
                                         "run with --speculative_decoding_mode none")
+        DFlashDraftConfig.from_pretrained(draft_dir)  # a malformed drafter config is refused before any load
+    model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
+    proposer = None
+    if draft_dir is not None:
         drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=device)
         drafter.config.validate_for_target(**target_dims(model))
         proposer = DFlashProposer.for_target(drafter, model)
@@ -89,41 +119,67 @@ def encode(tokenizer, text: str, chat: bool) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
+class ResultsFile:
+    """``--output_json``: rewritten atomically after every prompt, so a refused prompt, an
+    error or Ctrl-C keeps every generation finished before it."""
+
+    def __init__(self, path: str | None, mode: str) -> None:
+        self.path, self.mode, self.outputs = path, mode, []
+
+    def add(self, output: dict) -> None:
+        self.outputs.append(output)
+        self.write("running")
+
+    def write(self, status: str) -> None:
+        if self.path:
+            from tensorrt_llm_dflash.files import atomic_write_json
+
+            atomic_write_json(self.path, {"mode": self.mode, "status": status, "outputs": self.outputs})
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    results = ResultsFile(args.output_json, "")
     try:
         import torch
 
         from tensorrt_llm_dflash.decode import speculative_generate
         from tensorrt_llm_dflash.sampling import SamplingParams
-        from tensorrt_llm_dflash.tree import validate_budget
+        from tensorrt_llm_dflash.streaming import IncrementalDetokenizer
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        if args.ddtree_budget is not None:
-            validate_budget(args.ddtree_budget)
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.random_seed)
         if args.backend == "trt":
-            from tensorrt_llm_dflash.trtllm.runner import build_trt_runtime
+            from tensorrt_llm_dflash.trtllm.runner import build_trt_runtime, read_engine_config
 
+            dtype = str(read_engine_config(args.engine_dir)["pretrained_config"].get("dtype", args.dtype))
             verifier, proposer, tokenizer, stops, default_budget = build_trt_runtime(args)
         elif args.draft_type == "lora_inject":
             from tensorrt_llm_dflash.lora_inject import build_run_pytorch
 
+            dtype = args.dtype
             verifier, proposer, tokenizer, stops, default_budget = build_run_pytorch(args)
         else:
+            dtype = args.dtype
             verifier, proposer, tokenizer, stops, default_budget = build_pytorch(args)
+        warning = low_precision_warning(dtype, proposer is not None)
+        if warning:
+            print(warning, file=sys.stderr)
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
-        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.random_seed)
         mode = "autoregressive" if proposer is None else ("DFlash chain" if budget == 0 else f"DDTree budget {budget}")
-        outputs = []
-        for text in args.input_text:
-            prompt = encode(tokenizer, text, not args.no_chat_template)
-            streamed: list[int] = []
+        results.mode = mode
+        # Every prompt is encoded and checked before the first generation starts.
+        prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.input_text]
+        for text, ids in zip(args.input_text, prompts):
+            check_prompt_fits(len(ids), args.max_output_len, int(getattr(verifier, "max_positions", 1 << 30)),
+                              text)
+        results.write("running")
+        for text, prompt in zip(args.input_text, prompts):
+            stream = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
 
-            def on_tokens(tokens: list[int], streamed: list[int] = streamed) -> None:
-                before = tokenizer.decode(streamed, skip_special_tokens=True)
-                streamed.extend(tokens)
-                print(tokenizer.decode(streamed, skip_special_tokens=True)[len(before):], end="", flush=True)
+            def on_tokens(tokens: list[int], stream: IncrementalDetokenizer = stream) -> None:
+                print(stream.push(tokens), end="", flush=True)
 
             if args.streaming:
                 print(f"\n[{mode}] {text!r}\n", flush=True)
@@ -135,25 +191,51 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - t0
             text_out = tokenizer.decode(result.output_ids, skip_special_tokens=True)
             stats = result.stats
-            if not args.streaming:
+            if args.streaming:
+                print(stream.flush(), end="", flush=True)
+                if stream.diverged:
+                    print(f"\nwarning: the tokenizer rewrote text already printed; the generated text is:\n"
+                          f"{text_out}", file=sys.stderr)
+            else:
                 print(f"\n[{mode}] {text!r}\n{text_out}")
             stage = ", ".join(f"{k} {v:.2f}s" for k, v in stats.stage_seconds.items() if v > 0)
             print(f"\n-- {stats.new_tokens} tokens in {elapsed:.2f}s ({stats.tokens_per_second:.1f} tok/s), "
                   f"{stats.steps} target steps, mean tau {stats.mean_acceptance_length:.2f}; {stage}")
-            outputs.append({
+            results.add({
                 "prompt": text,
                 "output_ids": result.output_ids,
                 "output_text": text_out,
                 "finish_reason": result.finish_reason,
                 "stats": stats.to_dict(),
             })
+        results.write("complete")
         if args.output_json:
-            Path(args.output_json).write_text(json.dumps({"mode": mode, "outputs": outputs}, indent=2) + "\n")
             print(f"wrote {args.output_json}")
     except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
+        cli.print_error(err)
+        _saved(results, "error")
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted after {len(results.outputs)} of {len(args.input_text)} prompt(s)", file=sys.stderr)
+        _saved(results, "interrupted")
+        return 130
     return 0
+
+
+def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int, text: str) -> None:
+    from tensorrt_llm_dflash.errors import DFlashInputError
+    from tensorrt_llm_dflash.target import check_prompt_fits as fits
+
+    try:
+        fits(prompt_len, max_new_tokens, limit)
+    except DFlashInputError as err:
+        raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
+
+
+def _saved(results: ResultsFile, status: str) -> None:
+    if results.path and results.mode:
+        results.write(status)
+        print(f"saved {len(results.outputs)} finished generation(s) to {results.path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tensorrt_llm_dflash import cli  # noqa: E402
+from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel  # noqa: E402
-from tensorrt_llm_dflash.errors import DFlashConfigError  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
 from tensorrt_llm_dflash.training.data import build_distillation_data, load_distillation_data  # noqa: E402
 from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
@@ -45,6 +47,7 @@ from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
     suggest_drafter_shape,
     train,
 )
+from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint  # noqa: E402
 
 MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|reserved_special_token_0|>", "<unused0>", "<mask>")
 
@@ -62,53 +65,84 @@ def pick_mask_token(tokenizer, model) -> int:
     raise DFlashConfigError("cannot pick a MASK token for this target: pass --mask_token_id")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target_model_dir", default=None, help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--output_dir", required=True, help="where the exported drafter goes")
-    ap.add_argument("--work_dir", default="runs/train_dflash", help="data shards and training checkpoint")
-    ap.add_argument("--num_prompts", type=int, default=None)
-    ap.add_argument("--max_new_tokens", type=int, default=128, help="answer length for self-distillation")
-    ap.add_argument("--gen_batch_size", type=int, default=48)
-    ap.add_argument("--data_minutes", type=float, default=30.0, help="time budget of the data stage")
-    ap.add_argument("--train_minutes", type=float, default=45.0, help="time budget of training (0: use --max_steps)")
-    ap.add_argument("--max_steps", type=int, default=100_000)
-    ap.add_argument("--num_layers", type=int, default=None, help="draft layers (default: chosen for the target)")
-    ap.add_argument("--block_size", type=int, default=None, help="default: chosen for the target")
-    ap.add_argument("--num_feature_layers", type=int, default=5, help="target layers the drafter reads")
-    ap.add_argument("--mask_token_id", type=int, default=None)
+def build_parser() -> cli.ArgumentParser:
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                    help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--output_dir", type=cli.output_dir, required=True, help="where the exported drafter goes")
+    ap.add_argument("--work_dir", type=cli.output_dir, default="runs/train_dflash",
+                    help="data shards and training checkpoint; made for one target (fingerprint.json)")
+    ap.add_argument("--num_prompts", type=cli.integer(1), default=None, help="default: the whole built-in set")
+    ap.add_argument("--max_new_tokens", type=cli.integer(1, 1 << 16), default=128,
+                    help="answer length for self-distillation")
+    ap.add_argument("--gen_batch_size", type=cli.integer(1, 4096), default=48)
+    ap.add_argument("--data_minutes", type=cli.number(0.0), default=30.0,
+                    help="time budget of the data stage (0: no limit)")
+    ap.add_argument("--train_minutes", type=cli.number(0.0), default=45.0,
+                    help="time budget of training (0: use --max_steps)")
+    ap.add_argument("--max_steps", type=cli.integer(1), default=100_000)
+    ap.add_argument("--num_layers", type=cli.integer(1, 64), default=None,
+                    help="draft layers (default: chosen for the target)")
+    ap.add_argument("--block_size", type=cli.integer(2, MAX_BLOCK_SIZE), default=None,
+                    help="default: chosen for the target")
+    ap.add_argument("--num_feature_layers", type=cli.integer(1, 64), default=5, help="target layers the drafter reads")
+    ap.add_argument("--mask_token_id", type=cli.integer(0), default=None)
     ap.add_argument("--draft_vocab", choices=["auto", "full"], default="auto",
                     help="auto: score only tokens seen in the data plus ids < 8192 (cheaper lm_head)")
-    ap.add_argument("--batch_size", type=int, default=4)
-    ap.add_argument("--num_anchors", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=6e-4)
-    ap.add_argument("--gamma", type=float, default=None, help="loss decay (default 4 for B<=8, 7 for B=16)")
-    ap.add_argument("--distill_weight", type=float, default=0.0, help="mix of KL to the target's logits")
+    ap.add_argument("--batch_size", type=cli.integer(1, 4096), default=4)
+    ap.add_argument("--num_anchors", type=cli.integer(1, 4096), default=48)
+    ap.add_argument("--lr", type=cli.number(0.0, 1.0, low_open=True), default=6e-4)
+    ap.add_argument("--gamma", type=cli.number(0.0, low_open=True), default=None,
+                    help="loss decay (default 4 for B<=8, 7 for B=16)")
+    ap.add_argument("--distill_weight", type=cli.number(0.0, 1.0), default=0.0, help="mix of KL to the target's logits")
     ap.add_argument("--attention", choices=["dense", "flex"], default="dense")
     ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
                     help="bf16: autocast forward/backward (fp32 weights and optimizer), ~1.3x steps/min on AVX512-BF16 CPUs")
-    ap.add_argument("--no_resume", action="store_true")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--log_every", type=cli.integer(1), default=100, help="steps between held-out evaluations")
+    ap.add_argument("--save_every", type=cli.integer(1), default=200, help="steps between checkpoints")
+    ap.add_argument("--no_resume", action="store_true", help="train from step 0 (the data shards are still reused)")
+    ap.add_argument("--threads", type=cli.threads, default=None)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
+    if Path(args.output_dir).resolve() == Path(args.work_dir).resolve():
+        cli.refuse(ap, "--output_dir", f"{args.output_dir!r} is also --work_dir; the export replaces its directory")
     if args.threads:
         torch.set_num_threads(args.threads)
-    t_start = time.time()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32, device=device)
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise DFlashConfigError("the target's tokenizer has no chat template; self-distillation needs one")
-        n_params = count_parameters(model)
-        layers, block = suggest_drafter_shape(n_params, device)
-        layers = args.num_layers or layers
-        block = args.block_size or block
-        mask_id = args.mask_token_id if args.mask_token_id is not None else pick_mask_token(tokenizer, model)
-        config = make_drafter_config(model.config, layers, block, mask_id, args.num_feature_layers)
-    except DFlashConfigError as err:
+        return train_drafter(args, argv)
+    except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the finished data shards and the last checkpoint in {args.work_dir} are intact; "
+              "the same command resumes", file=sys.stderr)
+        return 130
 
+
+def train_drafter(args: argparse.Namespace, argv: list[str] | None) -> int:
+    t_start = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32, device=device)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DFlashConfigError("the target's tokenizer has no chat template; self-distillation needs one")
+    n_params = count_parameters(model)
+    layers, block = suggest_drafter_shape(n_params, device)
+    layers = args.num_layers or layers
+    block = args.block_size or block
+    mask_id = args.mask_token_id if args.mask_token_id is not None else pick_mask_token(tokenizer, model)
+    config = make_drafter_config(model.config, layers, block, mask_id, args.num_feature_layers)
     work = Path(args.work_dir)
+    claim_work_dir(work, {
+        "target": target_fingerprint(model, tokenizer),
+        "data": {"layer_ids": config.target_layer_ids, "max_new_tokens": args.max_new_tokens,
+                 "prompt_set": "built-in"},
+        "drafter": {"layers": layers, "block_size": block, "mask_token_id": mask_id,
+                    "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab},
+    }, renew=("drafter",) if args.no_resume else ())
     prompts = build_prompt_set(args.num_prompts)
     check_no_overlap(prompts)
     print(f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; drafter: {layers} layers, "
@@ -137,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     tcfg = TrainConfig(lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
                        gamma=online.gamma, distill_weight=args.distill_weight, max_steps=args.max_steps,
                        time_budget_s=args.train_minutes * 60 if args.train_minutes else None, attention=args.attention,
-                       precision=args.precision)
+                       precision=args.precision, log_every=args.log_every, save_every=args.save_every)
     result = train(online, sequences, tcfg, work, resume=not args.no_resume)
     card = {
         "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -29,7 +29,10 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tensorrt_llm_dflash.errors import DFlashConfigError  # noqa: E402
+from tensorrt_llm_dflash import cli  # noqa: E402
+from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.files import atomic_write_json, atomic_write_text, publish_dir  # noqa: E402
 from tensorrt_llm_dflash.lora_inject import DEFAULT_LORA_TARGETS, DFlashLoRAInjectDraftModel, LoRAInjectConfig  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
 from tensorrt_llm_dflash.training.lora_inject import OnlineDFlashLoRAInjectModel, load_token_sequences  # noqa: E402
@@ -71,48 +74,72 @@ Use: `python examples/run.py --draft_type lora_inject --draft_model_dir <this di
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target_model_dir", default=None, help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--data_dir", required=True, help="DFlash self-distillation shards (read only; built if empty)")
-    ap.add_argument("--work_dir", required=True, help="training checkpoint (resumable)")
-    ap.add_argument("--output_dir", required=True, help="where the exported adapter goes")
-    ap.add_argument("--data_minutes", type=float, default=42.0, help="data stage budget if --data_dir has no shards")
-    ap.add_argument("--train_minutes", type=float, default=25.0, help="training time budget (0: use --max_steps)")
-    ap.add_argument("--max_steps", type=int, default=100_000)
-    ap.add_argument("--block_size", type=int, default=8)
-    ap.add_argument("--mask_token_id", type=int, default=None, help="default: as examples/train_dflash.py picks it")
-    ap.add_argument("--lora_rank", type=int, default=16)
-    ap.add_argument("--lora_alpha", type=float, default=32.0)
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None, help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    ap.add_argument("--data_dir", type=cli.output_dir, required=True, help="DFlash self-distillation shards (read only; built if empty)")
+    ap.add_argument("--work_dir", type=cli.output_dir, required=True, help="training checkpoint (resumable)")
+    ap.add_argument("--output_dir", type=cli.output_dir, required=True, help="where the exported adapter goes")
+    ap.add_argument("--data_minutes", type=cli.number(0.0), default=42.0, help="data stage budget if --data_dir has no shards")
+    ap.add_argument("--train_minutes", type=cli.number(0.0), default=25.0, help="training time budget (0: use --max_steps)")
+    ap.add_argument("--max_steps", type=cli.integer(1), default=100_000)
+    ap.add_argument("--block_size", type=cli.integer(2, MAX_BLOCK_SIZE), default=8)
+    ap.add_argument("--mask_token_id", type=cli.integer(0), default=None, help="default: as examples/train_dflash.py picks it")
+    ap.add_argument("--lora_rank", type=cli.integer(1, 4096), default=16)
+    ap.add_argument("--lora_alpha", type=cli.number(0.0, low_open=True), default=32.0)
     ap.add_argument("--lora_targets", nargs="+", default=list(DEFAULT_LORA_TARGETS),
                     help="projections with adapters; k_proj/v_proj forbid reading the target's KV cache")
     ap.add_argument("--draft_vocab", choices=["auto", "full"], default="auto",
                     help="auto: draft over tokens seen in the data plus ids < 8192 (cheaper lm_head; training "
                          "always uses the full vocabulary)")
-    ap.add_argument("--batch_size", type=int, default=4)
-    ap.add_argument("--num_anchors", type=int, default=24, help="blocks per sequence per step")
-    ap.add_argument("--lr", type=float, default=1.5e-3)
-    ap.add_argument("--gamma", type=float, default=None, help="loss decay (default 4 for B<=8, 7 above)")
-    ap.add_argument("--log_every", type=int, default=50)
-    ap.add_argument("--eval_sequences", type=int, default=24, help="held-out sequences for the periodic eval")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch_size", type=cli.integer(1, 4096), default=4)
+    ap.add_argument("--num_anchors", type=cli.integer(1, 4096), default=24, help="blocks per sequence per step")
+    ap.add_argument("--lr", type=cli.number(0.0, 1.0, low_open=True), default=1.5e-3)
+    ap.add_argument("--gamma", type=cli.number(0.0, low_open=True), default=None, help="loss decay (default 4 for B<=8, 7 above)")
+    ap.add_argument("--log_every", type=cli.integer(1), default=50)
+    ap.add_argument("--eval_sequences", type=cli.integer(1), default=24, help="held-out sequences for the periodic eval")
+    ap.add_argument("--seed", type=cli.seed, default=0)
     ap.add_argument("--no_resume", action="store_true")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=cli.threads, default=None)
     args = ap.parse_args(argv)
+    outputs = {name: Path(getattr(args, name)).resolve() for name in ("data_dir", "work_dir", "output_dir")}
+    if outputs["output_dir"] in (outputs["data_dir"], outputs["work_dir"]):
+        cli.refuse(ap, "--output_dir", f"{args.output_dir!r} is also --data_dir or --work_dir; the export "
+                   "replaces its directory")
     if args.threads:
         torch.set_num_threads(args.threads)
-    t_start = time.time()
     try:
-        model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32)
-        if args.mask_token_id is None:
-            from train_dflash import pick_mask_token
-
-            args.mask_token_id = pick_mask_token(tokenizer, model)
-        config = LoRAInjectConfig.for_target(model, args.block_size, args.mask_token_id,
-                                             lora_target_modules=list(args.lora_targets), lora_rank=args.lora_rank,
-                                             lora_alpha=args.lora_alpha)
-    except DFlashConfigError as err:
+        return train_adapter(args, argv)
+    except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the data shards and the last checkpoint in {args.work_dir} are intact; the same "
+              "command resumes", file=sys.stderr)
+        return 130
+
+
+#: Files of an exported LoRA-inject adapter; anything else in the output dir is kept.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", "dflash_lora_inject.json",
+                 "draft_vocab.safetensors", "training_metrics.json", "README.md")
+
+
+def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint
+
+    t_start = time.time()
+    model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32)
+    if args.mask_token_id is None:
+        from train_dflash import pick_mask_token
+
+        args.mask_token_id = pick_mask_token(tokenizer, model)
+    config = LoRAInjectConfig.for_target(model, args.block_size, args.mask_token_id,
+                                         lora_target_modules=list(args.lora_targets), lora_rank=args.lora_rank,
+                                         lora_alpha=args.lora_alpha)
+    claim_work_dir(args.work_dir, {
+        "target": target_fingerprint(model, tokenizer),
+        "drafter": {"kind": "lora_inject", "block_size": args.block_size, "mask_token_id": args.mask_token_id,
+                    "lora_rank": args.lora_rank, "lora_targets": sorted(args.lora_targets)},
+    }, renew=("drafter",) if args.no_resume else ())
     ensure_data(args, model, tokenizer)
     sequences = load_token_sequences(args.data_dir)
     answer_tokens = int(sum(int(s.loss_mask.sum()) for s in sequences))
@@ -131,10 +158,18 @@ def main(argv: list[str] | None = None) -> int:
                        eval_fraction=min(0.5, args.eval_sequences / len(sequences)), seed=args.seed)
     result = train(online, sequences, tcfg, args.work_dir, resume=not args.no_resume)
 
-    out = Path(args.output_dir)
     if args.draft_vocab == "auto":
         seen = {int(t) for s in sequences for t in s.input_ids.tolist()}
         drafter.set_draft_vocab(sorted(seen | set(range(min(8192, config.vocab_size)))))
+    with publish_dir(args.output_dir, ADAPTER_FILES) as out:
+        export_adapter(drafter, out, args, argv, sequences, answer_tokens, tcfg, result, t_start)
+    print(json.dumps(result["final"], indent=2, default=float))
+    print(f"exported the LoRA-inject drafter to {args.output_dir}")
+    return 0
+
+
+def export_adapter(drafter, out: Path, args: argparse.Namespace, argv: list[str] | None, sequences: list,
+                   answer_tokens: int, tcfg: TrainConfig, result: dict, t_start: float) -> None:
     drafter.save_pretrained(out)
     card = {
         "command": "python examples/train_dflash_lora_inject.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -145,11 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         "history": result["history"],
         "wall_minutes_this_invocation": (time.time() - t_start) / 60,
     }
-    (out / "training_metrics.json").write_text(json.dumps(card, indent=2, default=float) + "\n")
-    (out / "README.md").write_text(model_card(card))
-    print(json.dumps(result["final"], indent=2, default=float))
-    print(f"exported the LoRA-inject drafter to {out}")
-    return 0
+    atomic_write_json(out / "training_metrics.json", card, default=float)
+    atomic_write_text(out / "README.md", model_card(card))
 
 
 if __name__ == "__main__":

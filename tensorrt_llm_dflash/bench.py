@@ -17,10 +17,17 @@ forward that reads the prompt is excluded for every method (for ``pld`` it also 
 prompt-lookup candidates; its tokens count as output but not as a tau sample). For the
 transformers methods the target forwards are counted with a forward hook on the model
 and each forward's committed tokens with a streamer; the two counts must agree.
+
+At T=0 every output is compared with the AR reference's on the same prompt. In float32 and
+float64 that is a pass/fail check (``mismatch_lines``). In float16 and bfloat16 the verify
+pass rounds differently from a one-token step (see ``precision``), so the comparison is
+reported as a match rate instead and never fails the run.
 """
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import math
 import time
@@ -32,8 +39,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import precision
 from .decode import STAGES, speculative_generate
 from .errors import DFlashConfigError, DFlashError, DFlashInputError
+from .files import atomic_write, atomic_write_text
 from .sampling import SamplingParams
 from .tree import validate_budget
 
@@ -183,7 +192,8 @@ def load_prompts(dataset: str, num_prompts: int | None = None) -> list[Prompt]:
 
     A JSONL line is an object with ``prompt`` (text) or ``prompt_ids`` (token ids, sent
     without a chat template). Blank lines are skipped; anything else malformed raises
-    DFlashInputError naming the file and the line number.
+    DFlashInputError naming the file and the line number. The file must be UTF-8 (a UTF-8
+    byte-order mark is accepted); UTF-16/32 and other encodings are refused by name.
     """
     if num_prompts is not None and num_prompts < 1:
         raise DFlashInputError(f"num_prompts={num_prompts} must be at least 1")
@@ -202,17 +212,53 @@ def _humaneval_prompts() -> list[Prompt]:
     return [Prompt(text=problem["prompt"]) for problem in read_problems().values()]  # file order
 
 
+# Longest first: the UTF-32 LE mark starts with the UTF-16 LE one.
+_FOREIGN_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32 (little-endian)"), (codecs.BOM_UTF32_BE, "UTF-32 (big-endian)"),
+                 (codecs.BOM_UTF16_LE, "UTF-16 (little-endian)"), (codecs.BOM_UTF16_BE, "UTF-16 (big-endian)"))
+
+
 def _jsonl_prompts(path: Path) -> list[Prompt]:
+    if path.is_dir():
+        raise DFlashInputError(f"--dataset {str(path)!r} is a directory, not a .jsonl file")
     if not path.is_file():
         raise DFlashInputError(f"--dataset {str(path)!r} is neither 'humaneval' nor an existing .jsonl file")
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DFlashInputError(f"--dataset {str(path)!r} cannot be read: {err.strerror or err}") from None
     prompts = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                prompts.append(_parse_prompt_line(line, f"{path}:{lineno}"))
+    # Universal newlines, as reading the file in text mode would split it.
+    for lineno, line in enumerate(io.StringIO(_utf8_text(data, path), newline=None), start=1):
+        if line.strip():
+            prompts.append(_parse_prompt_line(line, f"{path}:{lineno}"))
     if not prompts:
         raise DFlashInputError(f"{path} holds no prompts")
     return prompts
+
+
+def _utf8_text(data: bytes, path: Path) -> str:
+    """The file's text; anything but UTF-8 is a DFlashInputError naming the file, line and problem."""
+    for bom, name in _FOREIGN_BOMS:
+        if data.startswith(bom):
+            raise DFlashInputError(f"{path}: the file is {name} encoded (it starts with a {name} byte-order "
+                                   "mark); prompt files must be UTF-8: convert it, e.g. with iconv -t UTF-8")
+    data = data.removeprefix(codecs.BOM_UTF8)  # a UTF-8 byte-order mark is harmless
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, column = _line_column(data, err.start)
+        raise DFlashInputError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at column {column}: "
+                               f"{err.reason}); prompt files must be UTF-8") from None
+    if "\0" in text:  # never in JSON text; ASCII in UTF-16/32 without a byte-order mark
+        line, column = _line_column(data, data.index(b"\0"))
+        raise DFlashInputError(f"{path}:{line}: a NUL byte at column {column}: the file looks UTF-16 or UTF-32 "
+                               "encoded without a byte-order mark; prompt files must be UTF-8")
+    return text
+
+
+def _line_column(data: bytes, offset: int) -> tuple[int, int]:
+    """1-based line and byte column of ``offset``."""
+    return data.count(b"\n", 0, offset) + 1, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
 
 
 def _parse_prompt_line(line: str, where: str) -> Prompt:
@@ -563,7 +609,11 @@ def compare_methods(summaries: dict[str, dict[str, Any]], baselines: Sequence[st
 
 
 def check_outputs(records: dict[str, list[RequestRecord]], reference: str) -> dict[str, dict[str, Any]]:
-    """Per method: does every output equal the reference's on the same prompt (T=0 check)."""
+    """Per method: does every output equal the reference's on the same prompt (T=0 check).
+
+    Also the match rate (share of prompts whose output equals the reference's) and the mean
+    first-difference position over the prompts that differ (None if none differ).
+    """
     ref = {r.prompt_index: r.output_ids for r in records[reference]}
     report = {}
     for label, rows in records.items():
@@ -575,12 +625,30 @@ def check_outputs(records: dict[str, list[RequestRecord]], reference: str) -> di
                              min(len(r.output_ids), len(expected)))
                 mismatches.append({"prompt_index": r.prompt_index, "first_difference": first,
                                    "tokens": len(r.output_ids), "reference_tokens": len(expected)})
-        report[label] = {"outputs_match": not mismatches, "mismatches": mismatches}
+        firsts = [m["first_difference"] for m in mismatches]
+        report[label] = {"outputs_match": not mismatches, "mismatches": mismatches,
+                         "match_rate": 1 - len(mismatches) / len(rows) if rows else None,
+                         "mean_first_difference": float(np.mean(firsts)) if firsts else None}
     return report
 
 
-def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method], greedy: bool) -> dict[str, Any]:
-    """Summaries, comparisons and (at T=0) the output check against the AR reference."""
+_NOT_CHECKED = {"outputs_match": None, "mismatches": [], "match_rate": None, "mean_first_difference": None}
+
+
+def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method], greedy: bool,
+              dtype: Any = "float32") -> dict[str, Any]:
+    """Summaries, comparisons and (at T=0) the output check against the AR reference.
+
+    ``dtype`` is the dtype the target ran in (a name such as ``"bfloat16"`` or a
+    ``torch.dtype``). It decides what the check means (``output_check`` in the result):
+    ``"exact"`` in float32/float64, where a mismatch is a bug and ``mismatch_lines``
+    reports it; ``"match_rate"`` in float16/bfloat16, where the speculative output is not
+    guaranteed to equal AR (``precision``), so each method's ``match_rate`` and
+    ``mean_first_difference`` are reported and nothing fails; None when there is no
+    check (T > 0, or no ``ar``/``hf`` reference). ``outputs_match``, ``all_outputs_match``
+    and ``mismatches`` state the facts in every mode.
+    """
+    dtype = precision.canonical_dtype(dtype)
     summaries = {}
     for m in methods:
         kind = METHOD_KINDS[m.kind]
@@ -592,18 +660,33 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
     reference = next((b for b in ("ar", "hf") if b in records), None)
     match = check_outputs(records, reference) if greedy and reference else {}
     for label, summary in summaries.items():
-        summary.update(match.get(label, {"outputs_match": None, "mismatches": []}))
+        summary.update(match.get(label, _NOT_CHECKED))
     all_match = all(s["outputs_match"] for s in summaries.values()) if match else None
-    return {"baseline": base, "output_reference": reference if match else None,
-            "all_outputs_match": all_match, "methods": summaries}
+    check = ("exact" if precision.is_exact(dtype) else "match_rate") if match else None
+    return {"baseline": base, "dtype": dtype, "output_check": check, "output_guarantee": precision.guarantee(dtype),
+            "output_reference": reference if match else None, "all_outputs_match": all_match,
+            "methods": summaries}
 
 
 def mismatch_lines(summary: dict[str, Any]) -> list[str]:
-    """Loud lines for every T=0 output that differs from the AR reference."""
+    """Loud lines for every T=0 output that differs from the AR reference, in float32/float64.
+
+    Empty for float16/bfloat16 runs (``output_check == "match_rate"``): there a difference
+    is not a failure; it stays in the summary (``mismatches``, ``match_rate``).
+    """
+    if _output_check(summary) != "exact":
+        return []
     ref = summary["output_reference"]
     return [f"!!! OUTPUT MISMATCH: {label} differs from {ref} on prompt {m['prompt_index']} at token "
             f"{m['first_difference']} ({m['tokens']} vs {m['reference_tokens']} tokens)"
             for label, s in summary["methods"].items() for m in s["mismatches"]]
+
+
+def _output_check(summary: dict[str, Any]) -> str | None:
+    """``output_check`` of a summary; one written before it existed was always pass/fail."""
+    if "output_check" in summary:
+        return summary["output_check"]
+    return "exact" if summary.get("all_outputs_match") is not None else None
 
 
 def machine_info(threads: int | None = None) -> dict[str, Any]:
@@ -640,14 +723,15 @@ def git_commit() -> str | None:
 
 def write_results(out_dir: str | Path, summary: dict[str, Any], records: dict[str, list[RequestRecord]],
                   run_info: dict[str, Any]) -> list[Path]:
-    """Write results.json, results.md and the PNG plots; returns the written paths."""
+    """Write results.json, results.md and the PNG plots, each atomically; returns the written paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     per_prompt = {label: [asdict(r) for r in rows] for label, rows in records.items()}
     doc = {**run_info, **summary, "per_prompt": per_prompt}
-    (out / "results.json").write_text(json.dumps(_json_safe(doc), indent=1) + "\n")
+    # Each file is written aside and renamed into place (files.py): a kill never leaves half a file.
+    atomic_write_text(out / "results.json", json.dumps(_json_safe(doc), indent=1) + "\n")
     plots = write_plots(out, summary)
-    (out / "results.md").write_text(results_markdown(summary, run_info, [p.name for p in plots]))
+    atomic_write_text(out / "results.md", results_markdown(summary, run_info, [p.name for p in plots]))
     return [out / "results.json", out / "results.md", *plots]
 
 
@@ -670,6 +754,18 @@ def _fmt(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: Sequence[str]) -> str:
     machine, cfg = run_info.get("machine", {}), run_info.get("config", {})
     methods = summary["methods"]
+    check = _output_check(summary)
+    dtype = cfg.get("dtype") or summary.get("dtype")  # as the run was configured
+    if "no_warmup" not in cfg:
+        warmup = ""  # not recorded: say nothing rather than guess
+    elif cfg["no_warmup"]:
+        warmup = " No warm-up (--no_warmup): each method's first prompt includes its one-time costs."
+    else:
+        warmup = " One warm-up prompt per method, untimed."
+    if check == "match_rate":
+        match_head, match_cols = "outputs = AR: match rate | mean first diff", 2
+    else:
+        match_head, match_cols = "outputs = AR", 1
     lines = [
         "# Benchmark results", "",
         f"Command: `{run_info.get('command', '?')}` (commit {run_info.get('git_commit')})", "",
@@ -677,24 +773,32 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
         f"transformers {machine.get('transformers')}, {machine.get('torch_threads')} torch threads, "
         f"{machine.get('date_utc')} UTC.", "",
         f"Dataset {cfg.get('dataset')}: {cfg.get('num_prompts')} prompts, up to {cfg.get('max_output_len')} new "
-        f"tokens, temperature {cfg.get('temperature')}, chat template {cfg.get('chat_template')}. "
-        "One warm-up prompt per method, untimed.", "",
+        f"tokens, temperature {cfg.get('temperature')}, chat template {cfg.get('chat_template')}"
+        + (f", dtype {dtype}" if dtype else "") + "." + warmup, "",
         f"Speedups are over the fastest autoregressive baseline in this run: **{summary['baseline']}**. "
         "Ideal = tau x (baseline s/token / method verify s/step): the speedup if drafting and every other "
         "overhead were free. Efficiency = speedup / ideal.", "",
-        "| method | tau | tokens/verify | tok/s | speedup | ideal | efficiency | outputs = AR | "
+        f"| method | tau | tokens/verify | tok/s | speedup | ideal | efficiency | {match_head} | "
         + " | ".join(REPORT_STAGES) + " |",
-        "|---|" + "---:|" * (7 + len(REPORT_STAGES)),
+        "|---|" + "---:|" * (6 + match_cols + len(REPORT_STAGES)),
     ]
     for label, s in methods.items():
-        match = {True: "yes", False: "**NO**", None: "-"}[s["outputs_match"]]
+        if check == "match_rate":
+            match = _match_rate_cells(s)
+        else:
+            match = {True: "yes", False: "**NO**", None: "-"}[s["outputs_match"]]
         fractions = " | ".join(_fmt(100 * s["stage_fractions"][k], ".0f", "%") for k in REPORT_STAGES)
         lines.append(f"| {label} | {_fmt(s['tau_mean'])} | {_fmt(s['mean_tree_size'], '.1f')} | "
                      f"{_fmt(s['tokens_per_second'], '.1f')} | "
                      f"{_fmt(s['speedup'], '.2f', 'x')} | {_fmt(s['ideal_speedup'], '.2f', 'x')} | "
                      f"{_fmt(s['efficiency'], '.0%')} | {match} | {fractions} |")
     lines.append("")
-    if summary["all_outputs_match"] is None:
+    if check == "match_rate":
+        lines.append(f"Output check: a match rate against `{summary['output_reference']}`, not pass/fail. "
+                     f"{precision.guarantee(summary['dtype'])}. Match rate = share of prompts whose output equals "
+                     "the reference's; mean first diff = mean position of the first differing token over the "
+                     "prompts that differ. Each difference is listed in results.json (`mismatches`).")
+    elif summary["all_outputs_match"] is None:
         lines.append("Output check: not applicable (T > 0, or no `ar`/`hf` reference in the run).")
     elif summary["all_outputs_match"]:
         lines.append(f"Output check: every output equals `{summary['output_reference']}` on every prompt.")
@@ -716,6 +820,16 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
         lines.append("")
     lines += [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def _match_rate_cells(s: dict[str, Any]) -> str:
+    """``3/5 (60%) | 41.5`` for a low-precision run's method; ``- | -`` where there was no check."""
+    rate = s.get("match_rate")
+    if rate is None:
+        return "- | -"
+    n = s["prompts"]
+    return (f"{n - len(s['mismatches'])}/{n} ({rate:.0%}) | "
+            f"{_fmt(s.get('mean_first_difference'), '.1f')}")
 
 
 def write_plots(out: Path, summary: dict[str, Any]) -> list[Path]:
@@ -794,8 +908,10 @@ def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -8,11 +8,23 @@ Qwen3-style decoder config plus ``block_size`` and a ``dflash_config`` block wit
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import DFlashConfigError
+from .files import atomic_write_json
+
+#: Smallest DFlash block: the bonus token and one MASK.
+MIN_BLOCK_SIZE = 2
+#: Largest accepted block. Published drafters use 16 (z-lab ``*-b16``); 128 leaves 8x headroom
+#: while keeping the per-step work bounded: the drafter runs ``block_size`` queries and scores
+#: ``block_size - 1`` rows over the vocabulary (127 x 152k fp32 logits = 77 MB for Qwen3), and
+#: ``block_size - 1`` stays inside the TensorRT-LLM engine's draft limit (MAX_ENGINE_DRAFT_LEN = 256).
+#: A config with ``block_size`` 100000 used to run for minutes and take gigabytes before dying.
+MAX_BLOCK_SIZE = 128
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -26,6 +38,99 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     start, end = 1, num_target_layers - 3
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+# Field schema: name -> (kind, nullable, minimum, maximum). Integers must be integers (not
+# booleans, not floats such as 576.0 or 16.7, not strings such as "576"); numbers must be
+# finite. head_dim may be null: __post_init__ derives it from hidden_size.
+_INT, _NUM, _BOOL, _STR = "integer", "number", "boolean", "string"
+_SCHEMA: dict[str, tuple[str, bool, int | None, int | None]] = {
+    "hidden_size": (_INT, False, 1, None),
+    "intermediate_size": (_INT, False, 1, None),
+    "num_hidden_layers": (_INT, False, 1, None),
+    "num_attention_heads": (_INT, False, 1, None),
+    "num_key_value_heads": (_INT, False, 1, None),
+    "vocab_size": (_INT, False, 1, None),
+    "block_size": (_INT, False, MIN_BLOCK_SIZE, MAX_BLOCK_SIZE),
+    "mask_token_id": (_INT, False, 0, None),
+    "num_target_layers": (_INT, True, 1, None),
+    "head_dim": (_INT, True, 1, None),
+    "rms_norm_eps": (_NUM, False, None, None),  # > 0
+    "rope_theta": (_NUM, False, None, None),  # > 0
+    "max_position_embeddings": (_INT, False, 1, None),
+    "sliding_window": (_INT, True, 1, None),
+    "attention_bias": (_BOOL, False, None, None),
+    "hidden_act": (_STR, False, None, None),
+    "draft_vocab_size": (_INT, True, 1, None),
+    "model_type": (_STR, False, None, None),
+    "dtype": (_STR, True, None, None),  # informational: the loader's dtype argument decides
+}
+# Where a field lives in config.json, for messages.
+_JSON_NAME = {"mask_token_id": "dflash_config.mask_token_id", "target_layer_ids": "dflash_config.target_layer_ids"}
+
+
+def is_integer(value: Any) -> bool:
+    """A true integer: int (numpy ints too), never bool, never a float such as 576.0."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def json_kind(value: Any) -> str:
+    """The JSON name of a value's type with its article ("a string", "an array"), for messages."""
+    kind = _json_kind(value)
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, numbers.Integral):
+        return "integer"
+    if isinstance(value, numbers.Real):
+        return "number"
+    if isinstance(value, (list, tuple)):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
+def _check_field(name: str, value: Any) -> None:
+    """Raise DFlashConfigError naming the field and its value unless it fits _SCHEMA."""
+    kind, nullable, low, high = _SCHEMA[name]
+    where = _JSON_NAME.get(name, name)
+    if value is None:
+        if nullable:
+            return
+        raise DFlashConfigError(f"{where}=null is invalid: it must be {_describe(name)}")
+    if kind == _INT:
+        typed = is_integer(value)
+        ok = typed and (low is None or value >= low) and (high is None or value <= high)
+    elif kind == _NUM:
+        typed = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        ok = typed and math.isfinite(value) and value > 0
+    else:
+        typed = ok = isinstance(value, bool if kind == _BOOL else str)
+    if not ok:
+        found = "" if typed else f", not {json_kind(value)}"
+        raise DFlashConfigError(f"{where}={value!r} is invalid: it must be {_describe(name)}{found}")
+
+
+def _describe(name: str) -> str:
+    kind, nullable, low, high = _SCHEMA[name]
+    if name == "block_size":
+        text = (f"an integer in {low}..{high} (a block is the bonus token plus at least one MASK; "
+                "published drafters use 16)")
+    elif kind == _INT:
+        text = "a non-negative integer" if low == 0 else f"an integer >= {low}"
+    elif kind == _NUM:
+        text = "a finite number > 0"
+    else:
+        text = f"a {kind}"
+    return text + (" or null" if nullable else "")
 
 
 @dataclass
@@ -58,18 +163,99 @@ class DFlashDraftConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self._check_schema()  # before anything is derived from the fields
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+            if self.head_dim < 1:
+                raise DFlashConfigError(
+                    f"head_dim is not set and hidden_size={self.hidden_size} // num_attention_heads="
+                    f"{self.num_attention_heads} is 0"
+                )
         if not self.layer_types:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
+        self.target_layer_ids = list(self.target_layer_ids)
         self.validate()
 
     # ------------------------------------------------------------------ checks
-    def validate(self) -> None:
-        if self.block_size < 2:
+    def _check_schema(self) -> None:
+        """Types and ranges of every field (the table _SCHEMA, plus the structured fields)."""
+        for name in _SCHEMA:
+            _check_field(name, getattr(self, name))
+        ids = self.target_layer_ids
+        if not isinstance(ids, (list, tuple)):
             raise DFlashConfigError(
-                f"block_size={self.block_size} is invalid: a DFlash block needs at least 2 "
-                "tokens (the bonus token and one MASK)"
+                f"dflash_config.target_layer_ids={ids!r} is invalid: it must be an array of non-negative "
+                f"integers, not {json_kind(ids)}"
+            )
+        for i, layer in enumerate(ids):
+            if not is_integer(layer) or layer < 0:
+                raise DFlashConfigError(
+                    f"dflash_config.target_layer_ids={list(ids)!r} is invalid: entry {i} is {layer!r}, "
+                    "not a non-negative integer"
+                )
+        if self.layer_types is not None and (
+            not isinstance(self.layer_types, (list, tuple)) or not all(isinstance(k, str) for k in self.layer_types)
+        ):
+            raise DFlashConfigError(
+                f"layer_types={self.layer_types!r} is invalid: it must be an array of strings or null"
+            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise DFlashConfigError(
+                f"rope_scaling={self.rope_scaling!r} is invalid: it must be an object or null, not "
+                f"{json_kind(self.rope_scaling)}"
+            )
+        if not isinstance(self.extra, dict):
+            raise DFlashConfigError(f"extra={self.extra!r} must be a dict")
+
+    def _check_rope_scaling(self) -> None:
+        """rope_scaling must name a RoPE type transformers knows and carry what that type needs."""
+        if self.rope_scaling is None:
+            return
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        scaling = self.rope_scaling
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if not isinstance(rope_type, str) or rope_type not in ROPE_INIT_FUNCTIONS:
+            raise DFlashConfigError(
+                f"rope_scaling={scaling!r} is invalid: its type {rope_type!r} is not one of "
+                f"{sorted(ROPE_INIT_FUNCTIONS)}"
+            )
+        if rope_type == "default":
+            return
+        # Compute the frequencies once, exactly as the drafter will: a missing or mistyped
+        # parameter (factor, original_max_position_embeddings, ...) is caught here, by name.
+        import logging
+
+        from transformers import Qwen3Config
+
+        # transformers' own advisory warnings are logged once, when the drafter is built.
+        rope_logger = logging.getLogger("transformers.modeling_rope_utils")
+        level = rope_logger.level
+        rope_logger.setLevel(logging.ERROR)
+        try:
+            hf_config = Qwen3Config(
+                hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+                head_dim=self.head_dim, rope_theta=self.rope_theta, rope_scaling=dict(scaling),
+                max_position_embeddings=self.max_position_embeddings,
+            )
+            ROPE_INIT_FUNCTIONS[rope_type](hf_config, None)
+        except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as err:
+            raise DFlashConfigError(
+                f"rope_scaling={scaling!r} is invalid for rope type {rope_type!r}: {type(err).__name__}: {err}"
+            ) from err
+        finally:
+            rope_logger.setLevel(level)
+
+    def validate(self) -> None:
+        self._check_schema()
+        if self.head_dim % 2:
+            raise DFlashConfigError(
+                f"head_dim={self.head_dim} is invalid: RoPE rotates pairs of dimensions, so it must be even"
+            )
+        if self.block_size > self.max_position_embeddings:
+            raise DFlashConfigError(
+                f"block_size={self.block_size} is invalid: it exceeds max_position_embeddings="
+                f"{self.max_position_embeddings}"
             )
         if len(self.layer_types) != self.num_hidden_layers:
             raise DFlashConfigError(
@@ -97,6 +283,7 @@ class DFlashDraftConfig:
             )
         if self.hidden_act not in ("silu", "swish"):
             raise DFlashConfigError(f"hidden_act={self.hidden_act!r} is not supported (silu only)")
+        self._check_rope_scaling()
 
     def validate_for_target(
         self,
@@ -139,8 +326,20 @@ class DFlashDraftConfig:
     # -------------------------------------------------------------- (de)serialize
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> DFlashDraftConfig:
+        """Build from a parsed config.json; every field is type- and range-checked by name."""
+        if not isinstance(raw, dict):
+            raise DFlashConfigError(
+                f"drafter config.json must hold a JSON object, not {json_kind(raw)}: {_short(raw)}"
+            )
         raw = dict(raw)
-        dflash = dict(raw.pop("dflash_config", None) or {})
+        dflash = raw.pop("dflash_config", None)
+        if dflash is None:
+            dflash = {}
+        if not isinstance(dflash, dict):
+            raise DFlashConfigError(
+                f"dflash_config={_short(dflash)} is invalid: it must be an object, not {json_kind(dflash)}"
+            )
+        dflash = dict(dflash)
         required = [
             "hidden_size",
             "intermediate_size",
@@ -148,15 +347,22 @@ class DFlashDraftConfig:
             "num_attention_heads",
             "vocab_size",
         ]
+        archs = raw.get("architectures")
+        hint = ""
+        if "block_size" not in raw and isinstance(archs, list) and "DFlashDraftModel" not in archs:
+            hint = f" (architectures={archs!r}: this looks like a target model, not a DFlash drafter)"
         missing = [k for k in required if k not in raw]
         if missing:
-            raise DFlashConfigError(f"drafter config.json is missing {missing}")
+            raise DFlashConfigError(f"drafter config.json is missing {missing}{hint}")
         if "block_size" not in raw:
-            raise DFlashConfigError("drafter config.json is missing block_size")
+            raise DFlashConfigError(f"drafter config.json is missing block_size{hint}")
         if "mask_token_id" not in dflash:
             raise DFlashConfigError("drafter config.json is missing dflash_config.mask_token_id")
-        num_layers = int(raw.pop("num_hidden_layers"))
+        # Checked before they are used to derive target_layer_ids (int() would truncate 2.9).
+        num_layers = raw.pop("num_hidden_layers")
+        _check_field("num_hidden_layers", num_layers)
         num_target_layers = raw.pop("num_target_layers", None)
+        _check_field("num_target_layers", num_target_layers)
         layer_ids = dflash.get("target_layer_ids")
         if layer_ids is None:
             if num_target_layers is None:
@@ -164,7 +370,7 @@ class DFlashDraftConfig:
                     "drafter config.json has neither dflash_config.target_layer_ids nor "
                     "num_target_layers"
                 )
-            layer_ids = build_target_layer_ids(int(num_target_layers), num_layers)
+            layer_ids = build_target_layer_ids(num_target_layers, num_layers)
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}
@@ -172,7 +378,8 @@ class DFlashDraftConfig:
             (kwargs if key in known else extra)[key] = value
         if "torch_dtype" in extra and "dtype" not in kwargs:
             kwargs["dtype"] = extra.pop("torch_dtype")
-        kwargs.setdefault("num_key_value_heads", raw.get("num_attention_heads"))
+        if kwargs.get("num_key_value_heads") is None:  # absent or null: multi-head attention (HF rule)
+            kwargs["num_key_value_heads"] = raw.get("num_attention_heads")
         if kwargs.get("layer_types") is None:
             kwargs.pop("layer_types", None)
         for name in ("mask_token_id", "target_layer_ids"):
@@ -182,9 +389,9 @@ class DFlashDraftConfig:
         }
         return cls(
             num_hidden_layers=num_layers,
-            num_target_layers=None if num_target_layers is None else int(num_target_layers),
-            mask_token_id=int(dflash["mask_token_id"]),
-            target_layer_ids=[int(i) for i in layer_ids],
+            num_target_layers=num_target_layers,
+            mask_token_id=dflash["mask_token_id"],
+            target_layer_ids=layer_ids,
             extra=extra,
             **kwargs,
         )
@@ -195,10 +402,15 @@ class DFlashDraftConfig:
         if not config_path.is_file():
             raise DFlashConfigError(f"drafter directory {str(path)!r} has no config.json")
         try:
-            raw = json.loads(config_path.read_text())
+            raw = json.loads(config_path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise DFlashConfigError(f"{config_path} is not valid JSON: {err}") from err
-        return cls.from_dict(raw)
+        except (OSError, UnicodeDecodeError) as err:
+            raise DFlashConfigError(f"{config_path} cannot be read: {type(err).__name__}: {err}") from err
+        try:
+            return cls.from_dict(raw)
+        except DFlashConfigError as err:
+            raise DFlashConfigError(f"{config_path}: {err}") from err
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -214,5 +426,11 @@ class DFlashDraftConfig:
         return out
 
     def save(self, path: str | Path) -> None:
+        """Write ``config.json`` atomically (a temporary file renamed into place)."""
         Path(path).mkdir(parents=True, exist_ok=True)
-        (Path(path) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_json(Path(path) / "config.json", self.to_dict(), indent=2)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -20,9 +20,11 @@ block's own K/V are never cached.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +32,7 @@ from torch import nn
 
 from .config import DFlashDraftConfig
 from .errors import DFlashConfigError
+from .files import atomic_save_safetensors
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -301,25 +304,190 @@ def expected_tensor_shapes(config: DFlashDraftConfig) -> dict[str, tuple[int, ..
     return shapes
 
 
-def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (single file or sharded with an index)."""
-    from safetensors.torch import load_file
+#: safetensors metadata key holding ``{tensor name: SHA-256 hex of its bytes as stored}`` (JSON).
+CHECKSUM_KEY = "dflash_sha256"
+#: Dtypes a drafter weight may have (a quantized checkpoint is not a DFlash drafter this runtime runs).
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
+
+def tensor_sha256(tensor: torch.Tensor) -> str:
+    """SHA-256 of a tensor's bytes in safetensors layout (row-major, little-endian)."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return hashlib.sha256(b"").hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
+
+
+def check_safetensors_file(file: Path, what: str = "safetensors file") -> None:
+    """Refuse a file that is truncated or whose header is damaged, naming it and the fault.
+
+    Reads only the header (cheap for any size): the 8-byte header length, the JSON header,
+    and whether the tensor data it describes exactly fills the rest of the file.
+    """
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            head = f.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else None
+            header_bytes = f.read(length) if length is not None and 8 + length <= size else b""
+    except OSError as err:
+        raise DFlashConfigError(f"{what} {file} cannot be read: {err}") from err
+    if length is None:
+        raise DFlashConfigError(f"{what} {file} is truncated or empty: it holds {size} bytes, not even the header")
+    if 8 + length > size:
+        raise DFlashConfigError(
+            f"{what} {file} is truncated or corrupted: its header length field says {length} bytes, "
+            f"the whole file holds {size}"
+        )
+    try:
+        header = json.loads(header_bytes.decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError(f"the header is a JSON {type(header).__name__}, not an object")
+        end = max(
+            (int(entry["data_offsets"][1]) for name, entry in header.items() if name != "__metadata__"), default=0
+        )
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError) as err:
+        raise DFlashConfigError(f"{what} {file} is corrupted: its header cannot be parsed ({err})") from err
+    data = size - 8 - length
+    if data < end:
+        raise DFlashConfigError(
+            f"{what} {file} is truncated: its header describes {end} bytes of tensor data, the file holds "
+            f"{data} ({size} bytes in all); download or export it again"
+        )
+    if data > end:
+        raise DFlashConfigError(
+            f"{what} {file} is corrupted: it holds {data - end} bytes after the {end} bytes of tensor data "
+            "its header describes"
+        )
+
+
+def read_safetensors_file(file: Path, what: str = "safetensors file") -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, metadata) of one safetensors file; any fault is a DFlashConfigError naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    check_safetensors_file(file, what)
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as err:
+        raise DFlashConfigError(f"{what} {file} cannot be read: {type(err).__name__}: {err}") from err
+    return tensors, metadata
+
+
+def verify_checksums(file: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bool:
+    """Check every tensor against the SHA-256 saved with it; False when the file carries none."""
+    raw = metadata.get(CHECKSUM_KEY)
+    if raw is None:
+        return False
+    try:
+        sums = json.loads(raw)
+        if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+            raise ValueError("not an object of tensor name -> hex digest")
+    except ValueError as err:
+        raise DFlashConfigError(
+            f"{file}: metadata {CHECKSUM_KEY}={raw[:80]!r} is damaged ({err}); the file is corrupted"
+        ) from err
+    missing, unlisted = sorted(set(sums) - set(tensors)), sorted(set(tensors) - set(sums))
+    if missing or unlisted:
+        raise DFlashConfigError(
+            f"{file} does not match the checksums saved with it (metadata {CHECKSUM_KEY}): tensors listed but "
+            f"absent {missing}, present but unlisted {unlisted}; the file was edited or corrupted"
+        )
+    for name, tensor in tensors.items():
+        digest = tensor_sha256(tensor)
+        if digest != sums[name]:
+            raise DFlashConfigError(
+                f"tensor {name} in {file} is corrupted: its bytes have SHA-256 {digest}, the checksum saved "
+                f"with it (metadata {CHECKSUM_KEY}) is {sums[name]}; download or export the drafter again"
+            )
+    return True
+
+
+def _checkpoint_files(path: Path) -> list[str]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    elif (path / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise DFlashConfigError(f"drafter directory {str(path)!r} has no model.safetensors")
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+            if not files or not all(isinstance(f, str) for f in files):
+                raise ValueError(f"weight_map names no files: {weight_map!r}"[:200])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DFlashConfigError(
+                f"drafter index {index} is damaged: {type(err).__name__}: {err} (expected a JSON object with a "
+                "weight_map of tensor name -> file)"
+            ) from err
+        absent = [f for f in files if not (path / f).is_file()]
+        if absent:
+            raise DFlashConfigError(f"drafter index {index} names files that are missing: {absent}")
+        return files
+    if (path / "model.safetensors").is_file():
+        return ["model.safetensors"]
+    raise DFlashConfigError(f"drafter directory {str(path)!r} has no model.safetensors")
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (single file or sharded with an index).
+
+    Each file is checked for truncation and a damaged header, and where it carries
+    checksums (metadata ``dflash_sha256``, written by :func:`save_dflash_drafter`) every
+    tensor's bytes are verified; a fault is a DFlashConfigError naming the file (and tensor).
+    """
+    path = Path(path)
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(str(path / name)))
+    for name in _checkpoint_files(path):
+        file = path / name
+        file_tensors, metadata = read_safetensors_file(file, "drafter weights")
+        verify_checksums(file, file_tensors, metadata)
+        twice = sorted(set(file_tensors) & set(tensors))
+        if twice:
+            raise DFlashConfigError(f"drafter tensors {twice} appear in {file} and in another shard")
+        tensors.update(file_tensors)
     return tensors
 
 
-def check_state_dict(config: DFlashDraftConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Strip an optional ``model.`` prefix and check names and shapes exactly."""
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite. A NaN or an infinity anywhere makes the sum NaN or
+    infinite, so a finite sum proves it (about 10x cheaper than isfinite on bf16); an infinite
+    sum of finite values (overflow) falls back to the exact test."""
+    if tensor.numel() == 0:
+        return True
+    total = tensor.sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+    return math.isfinite(float(total)) or bool(torch.isfinite(tensor).all())
+
+
+def check_tensor_values(tensors: dict[str, torch.Tensor], source: Any = None) -> None:
+    """Weights must be float (fp32/fp16/bf16/fp64) and finite; ``d2t`` must be integer."""
+    where = "" if source is None else f" in {source}"
+    for name, tensor in tensors.items():
+        if name == "d2t":
+            if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+                raise DFlashConfigError(
+                    f"tensor d2t{where} has dtype {str(tensor.dtype).replace('torch.', '')}: it maps draft ids "
+                    "to target ids and must have an integer dtype"
+                )
+            continue
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise DFlashConfigError(
+                f"tensor {name}{where} has dtype {str(tensor.dtype).replace('torch.', '')}: drafter weights must "
+                "be float32, float16, bfloat16 or float64 (quantized drafters are not supported)"
+            )
+        if not _all_finite(tensor):
+            nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+            raise DFlashConfigError(
+                f"tensor {name}{where} holds {nan} NaN and {inf} infinite values (of {tensor.numel()}): the "
+                "checkpoint is corrupted or its training diverged"
+            )
+
+
+def check_state_dict(
+    config: DFlashDraftConfig, tensors: dict[str, torch.Tensor], source: Any = None
+) -> dict[str, torch.Tensor]:
+    """Strip an optional ``model.`` prefix; check names and shapes exactly, dtypes and finiteness.
+
+    ``source`` (the checkpoint directory) is named in the messages when given.
+    """
+    where = "drafter checkpoint" if source is None else f"drafter checkpoint {source}"
     if tensors and all(k.startswith("model.") for k in tensors):
         tensors = {k[len("model."):]: v for k, v in tensors.items()}
     expected = expected_tensor_shapes(config)
@@ -331,12 +499,14 @@ def check_state_dict(config: DFlashDraftConfig, tensors: dict[str, torch.Tensor]
             parts.append(f"missing tensors {missing}")
         if unexpected:
             parts.append(f"unexpected tensors {unexpected}")
-        raise DFlashConfigError("drafter checkpoint does not match its config.json: " + "; ".join(parts))
+        raise DFlashConfigError(f"{where} does not match its config.json: " + "; ".join(parts))
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
             raise DFlashConfigError(
                 f"tensor {name} has shape {tuple(tensors[name].shape)}, config.json implies {shape}"
+                + ("" if source is None else f" ({where})")
             )
+    check_tensor_values(tensors, source)
     return tensors
 
 
@@ -346,7 +516,7 @@ def load_dflash_drafter(
     """Load a drafter directory in the published z-lab / SpecForge format."""
     path = Path(path)
     config = DFlashDraftConfig.from_pretrained(path)
-    tensors = check_state_dict(config, read_safetensors_dir(path))
+    tensors = check_state_dict(config, read_safetensors_dir(path), source=path)
     model = DFlashDraftModel(config)
     model.load_state_dict(tensors, strict=False)  # rotary buffers are not in checkpoints
     model = model.to(device=device, dtype=dtype).eval()
@@ -354,20 +524,35 @@ def load_dflash_drafter(
         model.d2t = tensors["d2t"].to(device=device, dtype=torch.long)
         ids = model.draft_token_ids()
         if int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
-            raise DFlashConfigError(f"d2t maps draft tokens outside the vocabulary 0..{config.vocab_size - 1}")
+            raise DFlashConfigError(
+                f"tensor d2t in {path} maps draft tokens outside the vocabulary 0..{config.vocab_size - 1}"
+            )
     return model
 
 
 def save_dflash_drafter(model: DFlashDraftModel, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """Export in the published format: config.json + model.safetensors, no name prefix."""
-    from safetensors.torch import save_file
+    """Export in the published format: config.json + model.safetensors, no name prefix.
 
+    Each file is written atomically (temporary file, then rename). The safetensors metadata
+    carries ``format: pt`` and ``dflash_sha256``, a SHA-256 per tensor that loading verifies.
+    """
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = dataclasses.replace(model.config, dtype=str(dtype).replace("torch.", ""))
-    config.save(path)
     names = expected_tensor_shapes(config)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items() if k in names and k != "d2t"}
     if model.d2t is not None:
         state["d2t"] = model.d2t.detach().to("cpu", torch.long).contiguous()
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    # A drafter that loading would refuse (a diverged run's NaN weights) is refused here, before
+    # it replaces anything.
+    check_tensor_values(state, source=f"the drafter being exported to {path}")
+    # Weights first: a failure there (a full disk) leaves the previous pair untouched; the
+    # config.json that follows is a few hundred bytes.
+    atomic_save_safetensors(state, path / "model.safetensors", metadata=checksum_metadata(state))
+    config.save(path)
+
+
+def checksum_metadata(tensors: dict[str, torch.Tensor]) -> dict[str, str]:
+    """safetensors metadata for ``tensors``: ``format: pt`` and their SHA-256 (see CHECKSUM_KEY)."""
+    sums = {name: tensor_sha256(t) for name, t in sorted(tensors.items())}
+    return {"format": "pt", CHECKSUM_KEY: json.dumps(sums, separators=(",", ":"))}

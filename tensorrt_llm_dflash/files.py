@@ -32,6 +32,17 @@ def _temp_sibling(path: Path, tag: str) -> Path:
     return path.parent / f".{path.name}{tag}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _usual_mode(path: Path) -> None:
+    """safetensors creates its files 0600; a published file gets the mode ``open`` would give."""
+    os.chmod(path, 0o666 & ~_current_umask())
+
+
 def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):  # not every filesystem lets a directory be opened
         fd = os.open(directory, os.O_RDONLY)
@@ -87,6 +98,7 @@ def atomic_save_safetensors(tensors: dict[str, Any], path: str | Path, metadata:
     tmp = _temp_sibling(path, _TMP_TAG)
     try:
         save_file(tensors, str(tmp), metadata=metadata)
+        _usual_mode(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -161,6 +173,9 @@ def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
     try:
         yield staging
         owned = list(owned)
+        for entry in staging.iterdir():
+            if entry.is_file() and not entry.stat().st_mode & 0o044:
+                _usual_mode(entry)
         if final.is_dir():
             for entry in final.iterdir():
                 target = staging / entry.name

@@ -12,7 +12,11 @@ the KV cache.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +50,26 @@ def embedded_target_gguf() -> Path:
 
 
 def _resolve(path: str | Path | None) -> tuple[Path, str | None]:
-    """(directory, gguf file name or None) for a target argument."""
+    """(directory, gguf file name or None) for a target argument.
+
+    A directory with config.json has that file checked first (:func:`check_target_config`);
+    a GGUF file must start with the GGUF magic.
+    """
     if path is None:
         gguf = embedded_target_gguf()
         return gguf.parent, gguf.name
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
+        _check_gguf_magic(p)
         return p.parent, p.name
     if not p.is_dir():
         raise DFlashConfigError(f"target_model_dir={str(path)!r} is neither a directory nor a .gguf file")
     if (p / "config.json").is_file():
+        check_target_config(p)
         return p, None
     ggufs = sorted(p.glob("*.gguf"))
     if len(ggufs) == 1:
+        _check_gguf_magic(ggufs[0])
         return p, ggufs[0].name
     if ggufs:
         raise DFlashConfigError(
@@ -68,29 +79,173 @@ def _resolve(path: str | Path | None) -> tuple[Path, str | None]:
     raise DFlashConfigError(f"target_model_dir={str(path)!r} has no config.json and no .gguf file")
 
 
+#: Size fields of a target config.json: positive integers when present.
+TARGET_INT_FIELDS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "head_dim",
+)
+#: Fields transformers derives when null (num_key_value_heads -> num_attention_heads, head_dim ->
+#: hidden_size // num_attention_heads): published configs carry null there (microsoft/phi-2).
+_NULL_MEANS_DERIVED = ("num_key_value_heads", "head_dim")
+#: Legacy RoPE type names transformers' own configs rename (Phi-3 "su", Qwen2-VL "mrope").
+_LEGACY_ROPE_TYPES = ("su", "mrope")
+
+
+def check_target_config(directory: Path) -> dict[str, Any]:
+    """Validate a target's config.json before transformers reads it; returns the parsed object.
+
+    Refuses, naming the file, the field and the value: invalid JSON, anything but a JSON
+    object, a DFlash drafter directory given as the target, size fields that are not
+    positive integers, and a rope_scaling whose type transformers does not know.
+    """
+    from .config import is_integer, json_kind
+
+    path = Path(directory) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DFlashConfigError(f"target config {path} is not valid JSON: {err}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise DFlashConfigError(f"target config {path} cannot be read: {type(err).__name__}: {err}") from err
+    if not isinstance(raw, dict):
+        text = repr(raw)
+        raise DFlashConfigError(
+            f"target config {path} must hold a JSON object, not {json_kind(raw)}: "
+            f"{text if len(text) <= 80 else text[:77] + '...'}"
+        )
+    archs = raw.get("architectures")
+    if (isinstance(archs, list) and "DFlashDraftModel" in archs) or "dflash_config" in raw:
+        raise DFlashConfigError(
+            f"target_model_dir={str(directory)!r} is a DFlash drafter (config.json architectures={archs!r}), "
+            "not a target model: pass it as the drafter (--draft_model_dir) and give the target model it "
+            "was trained for as the target"
+        )
+    for name in TARGET_INT_FIELDS:
+        if name not in raw or (raw[name] is None and name in _NULL_MEANS_DERIVED):
+            continue
+        value = raw[name]
+        if not is_integer(value) or value < 1:
+            found = "" if is_integer(value) or value is None else f", not {json_kind(value)}"
+            shown = "null" if value is None else repr(value)
+            raise DFlashConfigError(
+                f"target config {path}: {name}={shown} is invalid: it must be a positive integer{found}"
+            )
+    scaling = raw.get("rope_scaling")
+    if scaling is not None:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        if not isinstance(scaling, dict):
+            raise DFlashConfigError(
+                f"target config {path}: rope_scaling={scaling!r} is invalid: it must be an object or null, "
+                f"not {json_kind(scaling)}"
+            )
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        if not isinstance(rope_type, str) or rope_type not in (*ROPE_INIT_FUNCTIONS, *_LEGACY_ROPE_TYPES):
+            raise DFlashConfigError(
+                f"target config {path}: rope_scaling={scaling!r} is invalid: its type {rope_type!r} is not one "
+                f"of {sorted(ROPE_INIT_FUNCTIONS)}"
+            )
+    return raw
+
+
+def _check_gguf_magic(file: Path) -> None:
+    try:
+        with open(file, "rb") as f:
+            magic = f.read(4)
+        size = file.stat().st_size
+    except OSError as err:
+        raise DFlashConfigError(f"target GGUF file {file} cannot be read: {err}") from err
+    if magic != b"GGUF":
+        raise DFlashConfigError(
+            f"target GGUF file {file} is not a GGUF file or is corrupted: it starts with {magic!r}, not b'GGUF' "
+            f"({size} bytes)"
+        )
+
+
+def _check_target_weights(directory: Path) -> None:
+    """Truncated or damaged safetensors files of a target directory, named before transformers reads them."""
+    from .drafter import check_safetensors_file
+
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DFlashConfigError(
+                f"target index {index} is damaged: {type(err).__name__}: {err} (expected a JSON object with a "
+                "weight_map of tensor name -> file)"
+            ) from err
+        for name in files:
+            if not isinstance(name, str) or not (directory / name).is_file():
+                raise DFlashConfigError(f"target index {index} names a file that is missing: {name!r}")
+            check_safetensors_file(directory / name, "target weights")
+    elif (directory / "model.safetensors").is_file():
+        check_safetensors_file(directory / "model.safetensors", "target weights")
+
+
+def _loader_errors() -> tuple[type[BaseException], ...]:
+    """What transformers' from_pretrained raises for a damaged or unusable model."""
+    from safetensors import SafetensorError
+
+    return (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError, ImportError, ArithmeticError,
+            RuntimeError, EOFError, AssertionError, struct.error, SafetensorError)
+
+
+@contextlib.contextmanager
+def _loading(part: str, directory: Path, gguf: str | None) -> Iterator[None]:
+    """Turn a loader exception into one DFlashConfigError naming the file or directory and the fault."""
+    try:
+        yield
+    except DFlashConfigError:
+        raise
+    except _loader_errors() as err:
+        detail = " ".join(str(err).split())
+        detail = detail if len(detail) <= 400 else detail[:397] + "..."
+        if gguf is None:
+            where, hint = f"target model directory {directory}", ""
+        else:
+            file = directory / gguf
+            size = file.stat().st_size if file.is_file() else 0
+            where, hint = f"target GGUF file {file}", f" (the file, {size} bytes, is truncated or corrupted)"
+        raise DFlashConfigError(f"{where}: {part} cannot be loaded: {type(err).__name__}: {detail}{hint}") from err
+
+
 def load_target(
     path: str | Path | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
 ) -> tuple[Any, Any]:
-    """Load (model, tokenizer). ``path=None`` loads the embedded SmolLM2 target."""
+    """Load (model, tokenizer). ``path=None`` loads the embedded SmolLM2 target.
+
+    Every way a model directory or file can be broken (invalid or mistyped config.json, a
+    drafter directory, truncated or corrupted safetensors or GGUF, an unloadable tokenizer)
+    is a DFlashConfigError naming the file and the fault.
+    """
     from transformers import AutoModelForCausalLM
 
     directory, gguf = _resolve(path)
+    if gguf is None:
+        _check_target_weights(directory)
     kwargs: dict[str, Any] = {} if gguf is None else {"gguf_file": gguf}
-    tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(directory), dtype=dtype, attn_implementation="sdpa", **kwargs
-    )
+    tokenizer = _load_tokenizer(directory, gguf)
+    with _loading("the model", directory, gguf):
+        model = AutoModelForCausalLM.from_pretrained(
+            str(directory), dtype=dtype, attn_implementation="sdpa", **kwargs
+        )
     return model.to(device).eval(), tokenizer
 
 
 def load_tokenizer(path: str | Path | None = None) -> Any:
     """The target's tokenizer alone (``path=None``: the embedded SmolLM2 target's)."""
+    directory, gguf = _resolve(path)
+    return _load_tokenizer(directory, gguf)
+
+
+def _load_tokenizer(directory: Path, gguf: str | None) -> Any:
     from transformers import AutoTokenizer
 
-    directory, gguf = _resolve(path)
-    return AutoTokenizer.from_pretrained(str(directory), **({} if gguf is None else {"gguf_file": gguf}))
+    with _loading("the tokenizer", directory, gguf):
+        return AutoTokenizer.from_pretrained(str(directory), **({} if gguf is None else {"gguf_file": gguf}))
 
 
 def target_dims(model: Any) -> dict[str, int]:

@@ -58,6 +58,66 @@ def test_dataset_errors(tmp_path):
         bench.load_prompts("humaneval", 0)
 
 
+@pytest.mark.parametrize("encoding, name", [
+    ("utf-16", "UTF-16 (little-endian)"),  # Python writes the byte-order mark
+    ("utf-32", "UTF-32 (little-endian)"),
+])
+def test_jsonl_in_utf16_or_utf32_is_refused_by_name(tmp_path, encoding, name):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "a"}\n{"prompt": "b"}\n', encoding=encoding)
+    with pytest.raises(DFlashInputError) as err:  # was a raw UnicodeDecodeError
+        bench.load_prompts(str(path))
+    assert str(path) in str(err.value) and name in str(err.value) and "must be UTF-8" in str(err.value)
+
+
+def test_jsonl_big_endian_utf16_and_bomless_utf16_are_refused(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b"\xfe\xff" + '{"prompt": "a"}\n'.encode("utf-16-be"))
+    with pytest.raises(DFlashInputError, match=r"UTF-16 \(big-endian\)"):
+        bench.load_prompts(str(path))
+    # Without a byte-order mark, ASCII in UTF-16 is valid UTF-8 full of NUL bytes.
+    path.write_bytes('{"prompt": "a"}\n{"prompt": "b"}\n'.encode("utf-16-le"))
+    with pytest.raises(DFlashInputError) as err:
+        bench.load_prompts(str(path))
+    assert "prompts.jsonl:1:" in str(err.value) and "UTF-16 or UTF-32" in str(err.value)
+
+
+def test_jsonl_not_utf8_names_the_line_and_byte(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes('{"prompt": "a"}\n{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(DFlashInputError) as err:
+        bench.load_prompts(str(path))
+    message = str(err.value)
+    assert "prompts.jsonl:2:" in message and "not valid UTF-8" in message and "0xe9" in message
+    assert "column 16" in message
+
+
+def test_jsonl_utf8_byte_order_mark_and_crlf_are_accepted(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"prompt": "caf\u00e9"}\r\n\r\n{"prompt_ids": [1]}\r\n'.encode("utf-8"))
+    assert [(p.text, p.ids) for p in bench.load_prompts(str(path))] == [("caf\u00e9", None), (None, [1])]
+
+
+def test_jsonl_directory_or_unreadable_file_is_a_named_error(tmp_path, monkeypatch):
+    folder = tmp_path / "prompts.jsonl"
+    folder.mkdir()
+    with pytest.raises(DFlashInputError, match="is a directory"):
+        bench.load_prompts(str(folder))
+    (tmp_path / "readable").mkdir()
+    path = write_lines(tmp_path / "readable", ['{"prompt": "a"}'])
+    real_open = Path.open
+
+    def refuse(self, *args, **kwargs):
+        if self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", refuse)  # as root, chmod 000 would not stop the read
+    with pytest.raises(DFlashInputError) as err:
+        bench.load_prompts(str(path))
+    assert str(path) in str(err.value) and "cannot be read: Permission denied" in str(err.value)
+
+
 def test_humaneval_first_prompts_in_file_order():
     prompts = bench.load_prompts("humaneval", 2)
     assert len(prompts) == 2
@@ -250,6 +310,121 @@ def test_output_mismatch_is_recorded_and_reported_loudly():
     assert "Output check FAILED" in bench.results_markdown(summary, {}, [])
 
 
+def mismatching_records():
+    """ar and dflash agree on prompt 0; dflash differs on prompt 1 at token 4, ddtree:8 on both (at 2 and 4)."""
+    good = [record(0, 6, 1.0, [1] * 5, 0.5), record(1, 6, 1.0, [1] * 5, 0.5)]
+    chain = [record(0, 6, 1.0, [2, 3], 0.5), record(1, 6, 1.0, [2, 3], 0.5)]
+    chain[1].output_ids[4] = 99
+    tree = [record(0, 6, 1.0, [3, 2], 0.5), record(1, 6, 1.0, [3, 2], 0.5)]
+    tree[0].output_ids[2] = 99
+    tree[1].output_ids[4] = 99
+    return {"ar": good, "dflash": chain, "ddtree:8": tree}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "bf16"])
+def test_low_precision_reports_a_match_rate_not_a_failure(dtype):
+    import torch
+
+    records = mismatching_records()
+    methods = bench.parse_methods(list(records))
+    for given in (dtype, getattr(torch, bench.precision.canonical_dtype(dtype))):
+        summary = bench.summarize(records, methods, greedy=True, dtype=given)
+        assert summary["dtype"] == bench.precision.canonical_dtype(dtype)
+        assert summary["output_check"] == "match_rate" and summary["output_reference"] == "ar"
+        m = summary["methods"]
+        assert (m["ar"]["match_rate"], m["dflash"]["match_rate"], m["ddtree:8"]["match_rate"]) == (1.0, 0.5, 0.0)
+        assert m["ar"]["mean_first_difference"] is None
+        assert m["dflash"]["mean_first_difference"] == 4.0 and m["ddtree:8"]["mean_first_difference"] == 3.0
+        assert len(m["ddtree:8"]["mismatches"]) == 2  # the facts stay in results.json
+        assert summary["all_outputs_match"] is False
+        assert bench.mismatch_lines(summary) == []  # examples/benchmark.py exits 0
+    markdown = bench.results_markdown(summary, {"config": {"dtype": summary["dtype"]}}, [])
+    assert "FAILED" not in markdown and "**NO**" not in markdown
+    assert "outputs = AR: match rate | mean first diff" in markdown
+    assert "| 1/2 (50%) | 4.0 |" in markdown and "| 0/2 (0%) | 3.0 |" in markdown and "| 2/2 (100%) | - |" in markdown
+    assert "not pass/fail" in markdown and "not guaranteed" in markdown
+    table = [line for line in markdown.splitlines() if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1  # header, rule and rows have the same columns
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", None])
+def test_exact_dtypes_keep_the_pass_fail_check(dtype):
+    records = mismatching_records()
+    methods = bench.parse_methods(list(records))
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    summary = bench.summarize(records, methods, greedy=True, **kwargs)  # the default is float32
+    assert summary["output_check"] == "exact" and summary["dtype"] == (dtype or "float32")
+    assert len(bench.mismatch_lines(summary)) == 3
+    markdown = bench.results_markdown(summary, {}, [])
+    assert "Output check FAILED" in markdown and "| **NO** |" in markdown and "match rate" not in markdown
+    # A results.json written before output_check existed is still pass/fail.
+    old = {k: v for k, v in summary.items() if k != "output_check"}
+    assert len(bench.mismatch_lines(old)) == 3
+
+
+def test_sampling_in_low_precision_has_no_check():
+    records = mismatching_records()
+    summary = bench.summarize(records, bench.parse_methods(list(records)), greedy=False, dtype="bfloat16")
+    assert summary["output_check"] is None and summary["all_outputs_match"] is None
+    assert summary["methods"]["dflash"]["match_rate"] is None and bench.mismatch_lines(summary) == []
+    assert "not applicable" in bench.results_markdown(summary, {}, [])
+
+
+def test_summarize_refuses_an_unknown_dtype():
+    records = mismatching_records()
+    with pytest.raises(DFlashInputError, match="int8"):
+        bench.summarize(records, bench.parse_methods(list(records)), greedy=True, dtype="int8")
+
+
+@pytest.mark.parametrize("no_warmup, says, never", [
+    (True, "No warm-up (--no_warmup)", "One warm-up prompt"),
+    (False, "One warm-up prompt per method, untimed.", "No warm-up"),
+])
+def test_results_md_states_the_warmup_the_config_ran(no_warmup, says, never):
+    records = {"ar": [record(0, 6, 1.0, [1] * 5, 0.5)]}
+    summary = bench.summarize(records, bench.parse_methods(["ar"]), greedy=True)
+    markdown = bench.results_markdown(summary, {"config": {"no_warmup": no_warmup, "dtype": "float32"}}, [])
+    assert says in markdown and never not in markdown and "dtype float32" in markdown
+
+
+# ---------------------------------------------------------------------------- precision statement
+
+
+def test_precision_guarantee_per_dtype():
+    import torch
+
+    from tensorrt_llm_dflash import precision
+
+    assert set(precision.EXACT_DTYPES) == {"float32", "float64"}
+    assert set(precision.LOW_PRECISION_DTYPES) == {"float16", "bfloat16"}
+    for name in precision.EXACT_DTYPES:
+        line = precision.guarantee(name)
+        assert "\n" not in line and name in line and "equals the target's own greedy output" in line
+        assert precision.is_exact(name) and precision.low_precision_warning(name, speculative=True) is None
+    for name in precision.LOW_PRECISION_DTYPES:
+        line = precision.guarantee(name)
+        assert "\n" not in line and "not guaranteed" in line and "near" in line
+        assert not precision.is_exact(name)
+        warning = precision.low_precision_warning(name, speculative=True)
+        assert warning.startswith("warning:") and f"--dtype {name}" in warning and "float32" in warning
+        assert "\n" not in warning
+        assert precision.low_precision_warning(name, speculative=False) is None  # AR is its own reference
+    assert precision.canonical_dtype(torch.bfloat16) == precision.canonical_dtype("bf16") == "bfloat16"
+    assert precision.canonical_dtype("torch.float16") == precision.canonical_dtype("half") == "float16"
+    assert precision.guarantee(torch.float32) == precision.guarantee("fp32")
+    with pytest.raises(DFlashInputError, match="int8"):
+        precision.guarantee("int8")
+
+
+def test_readme_states_the_dtype_caveat():
+    from tensorrt_llm_dflash import precision
+
+    readme = (ROOT / "README.md").read_text()
+    assert "Exactness by dtype" in readme and "bfloat16" in readme
+    assert "tensorrt_llm_dflash/precision.py" in readme
+    assert precision.__doc__ and "Can bf16 verification be made exact" in precision.__doc__
+
+
 # ---------------------------------------------------------------------------- end to end
 
 
@@ -364,14 +539,85 @@ def test_tiny_sampling_is_seeded_and_not_checked(tiny_pair, tmp_path):
     assert all(s["outputs_match"] is None for s in summary["methods"].values())
 
 
+def small_results(tmp_path):
+    records = {"ar": [record(0, 6, 1.0, [1] * 5, 0.5)], "ddtree:8": [record(0, 6, 0.5, [2, 3], 0.2)]}
+    summary = bench.summarize(records, bench.parse_methods(list(records)), greedy=True)
+    return summary, records, {"command": "test", "config": {"no_warmup": False}}
+
+
+def test_write_results_replaces_each_file_by_rename(tmp_path):
+    import os
+
+    summary, records, run_info = small_results(tmp_path)
+    out = tmp_path / "out"
+    first = bench.write_results(out, summary, records, run_info)
+    inodes = {p.name: os.stat(p).st_ino for p in first}
+    again = bench.write_results(out, summary, records, run_info)
+    assert [p.name for p in again] == [p.name for p in first]
+    for p in again:  # a new file renamed into place, not the old one rewritten
+        assert os.stat(p).st_ino != inodes[p.name], p.name
+    assert sorted(p.name for p in out.iterdir()) == sorted(inodes)  # no temporaries left
+    assert again[-1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_kill_while_writing_results_leaves_the_previous_file(tmp_path, monkeypatch):
+    from tensorrt_llm_dflash import files
+
+    summary, records, run_info = small_results(tmp_path)
+    out = tmp_path / "out"
+    bench.write_results(out, summary, records, run_info)
+    before = (out / "results.md").read_text()
+    real = files._write_stream
+
+    def killed(f, write):
+        if ".results.md" in Path(f.name).name:
+            f.write("# half a fi")
+            raise KeyboardInterrupt
+        real(f, write)
+
+    monkeypatch.setattr(files, "_write_stream", killed)
+    run_info["command"] = "the second run"
+    with pytest.raises(KeyboardInterrupt):
+        bench.write_results(out, summary, records, run_info)
+    assert (out / "results.md").read_text() == before
+    assert json.loads((out / "results.json").read_text())["command"] == "the second run"  # written before the kill
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+def test_tiny_end_to_end_in_bfloat16_reports_match_rates(tiny_pair, tmp_path):
+    import copy
+
+    import torch
+
+    target, drafter = (copy.deepcopy(m).to(torch.bfloat16) for m in tiny_pair)
+    methods = bench.parse_methods(["ar", "dflash", "ddtree:8"])
+    ctx = bench.BenchContext(target, 12, SamplingParams(), drafter=drafter)
+    records = bench.run_benchmark(ctx, methods, tiny_prompts(tmp_path), warmup=False, progress=False)
+    summary = bench.summarize(records, methods, greedy=True, dtype=target.dtype)
+    assert summary["dtype"] == "bfloat16" and summary["output_check"] == "match_rate"
+    assert summary["methods"]["ar"]["match_rate"] == 1.0
+    for label in ("dflash", "ddtree:8"):
+        s = summary["methods"][label]
+        assert s["match_rate"] == 1 - len(s["mismatches"]) / 2
+    assert bench.mismatch_lines(summary) == []
+    run_info = {"command": "test", "config": {"dtype": "bfloat16", "no_warmup": True}}
+    bench.write_results(tmp_path / "out", summary, records, run_info)
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["output_check"] == "match_rate" and "not guaranteed" in doc["output_guarantee"]
+    markdown = (tmp_path / "out" / "results.md").read_text()
+    assert "| ar |" in markdown and "(100%) | - |" in markdown and "No warm-up" in markdown
+
+
 # ---------------------------------------------------------------------------- CLI
 
 
 def test_cli_rejects_bad_input_before_loading_models(tmp_path, capsys):
     import benchmark
 
-    assert benchmark.main(["--methods", "ar", "ddtree:-1", "--output_dir", str(tmp_path)]) == 2
-    assert "ddtree:-1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # refused by the argument parser
+        benchmark.main(["--methods", "ar", "ddtree:-1", "--output_dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "argument --methods" in (err := capsys.readouterr().err) and "ddtree:-1" in err
     bad = write_lines(tmp_path, ['{"prompt": "ok"}', "{oops"])
     assert benchmark.main(["--dataset", str(bad), "--methods", "ar", "--output_dir", str(tmp_path)]) == 2
     assert "prompts.jsonl:2:" in capsys.readouterr().err

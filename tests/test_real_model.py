@@ -71,4 +71,4 @@ def test_run_rejects_bad_budget_before_loading():
                "--input_text", "hi", "--max_output_len", "2"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2
-        assert f"ddtree_budget={budget}" in proc.stderr
+        assert f"argument --ddtree_budget: must be an integer in 0..1023, got {budget}" in proc.stderr

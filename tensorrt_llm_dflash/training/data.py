@@ -23,6 +23,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..errors import DFlashConfigError
+from ..files import atomic_torch_save, atomic_write_json, remove_stale_temporaries
+
 
 @dataclass
 class Sequence:
@@ -159,13 +162,16 @@ def build_distillation_data(
     out.mkdir(parents=True, exist_ok=True)
     stop_ids = {int(t) for t in _as_list(model.generation_config.eos_token_id)}
     pad_id = int(model.generation_config.pad_token_id if model.generation_config.pad_token_id is not None else min(stop_ids))
-    existing = sorted(out.glob("shard_*.pt"))
+    remove_stale_temporaries(out)
     done: set[tuple[int, ...]] = set()
     stats = {"sequences": 0, "answer_tokens": 0, "total_tokens": 0, "batches": 0}
-    for shard in existing:
-        data = torch.load(shard)
+    existing = []
+    for shard, data in readable_shards(out, remove_damaged=True):
+        existing.append(shard)
         done.update(tuple(ids[:start].tolist()) for ids, start in zip(data["input_ids"], data["answer_start"]))
         _count(stats, data["input_ids"], data["answer_start"])
+    # New shards are numbered after the highest existing one, so a rebuilt gap never overwrites a good shard.
+    first_index = 1 + max((int(p.stem.split("_")[1]) for p in existing), default=-1)
     encoded = [(i, chat_prompt_ids(tokenizer, p)) for i, p in enumerate(prompts)]
     too_long = sum(len(ids) > max_prompt_tokens for _, ids in encoded)
     if too_long:
@@ -180,14 +186,14 @@ def build_distillation_data(
     batches = [encoded[i : i + batch_size] for i in range(0, len(encoded), batch_size)]
     # The time budget counts every invocation: a resumed run continues the same clock.
     meta_path = out / "meta.json"
-    spent = json.loads(meta_path.read_text()).get("seconds", 0.0) if meta_path.exists() else 0.0
+    spent = _read_meta(meta_path).get("seconds", 0.0)
     start = time.perf_counter()
     bar = tqdm(batches, desc="self-distillation data", unit="batch", mininterval=5.0)
     answer_tokens = 0
-    for index, batch in enumerate(bar, start=len(existing)):
+    for index, batch in enumerate(bar, start=first_index):
         shard = out / f"shard_{index:05d}.pt"
         if time_budget_s is not None and spent + time.perf_counter() - start > time_budget_s:
-            bar.write(f"data time budget of {time_budget_s:.0f}s reached: {index - len(existing)} of {len(batches)} "
+            bar.write(f"data time budget of {time_budget_s:.0f}s reached: {index - first_index} of {len(batches)} "
                       f"new batches ({len(existing)} from earlier runs)")
             break
         generated = generate_with_hidden_states(model, [p for _, p in batch], layer_ids, max_new_tokens, stop_ids, pad_id)
@@ -198,17 +204,47 @@ def build_distillation_data(
             "features": [g.features for g in generated],
             "final_hidden": [g.final_hidden for g in generated],
         }
-        torch.save(data, shard)
+        atomic_torch_save(data, shard)
         _count(stats, data["input_ids"], data["answer_start"])
         answer_tokens += sum(len(g.answer) for g in generated)
         # Keep the clock on disk after every shard, so an interrupted run resumes its budget too.
-        meta_path.write_text(json.dumps({"seconds": spent + time.perf_counter() - start, "complete": False}) + "\n")
+        atomic_write_json(meta_path, {"seconds": spent + time.perf_counter() - start, "complete": False}, indent=None)
         bar.set_postfix(answer_tok_per_s=f"{answer_tokens / (time.perf_counter() - start):.0f}")
     bar.close()
     meta = {"layer_ids": list(layer_ids), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
             "seconds": spent + time.perf_counter() - start, "complete": True, **stats}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    atomic_write_json(meta_path, meta)
     return meta
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as err:
+        print(f"warning: {path} is damaged ({err}); the data stage's clock restarts at 0")
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def readable_shards(data_dir: Path, remove_damaged: bool, mmap: bool = False) -> list[tuple[Path, dict[str, Any]]]:
+    """(path, contents) of every shard that loads; a damaged one is named, and deleted when
+    ``remove_damaged`` (the data stage then answers its prompts again), else skipped."""
+    good = []
+    for shard in sorted(data_dir.glob("shard_*.pt")):
+        try:
+            data = torch.load(shard, mmap=mmap, weights_only=True)
+            if not isinstance(data, dict) or not {"input_ids", "answer_start", "features"} <= set(data):
+                raise ValueError("not a data shard (missing input_ids / answer_start / features)")
+        except Exception as err:  # noqa: BLE001 - any unreadable shard is handled the same way
+            action = "deleted; its prompts are answered again" if remove_damaged else "skipped"
+            print(f"warning: damaged data shard {shard} ({type(err).__name__}: {str(err)[:120]}): {action}")
+            if remove_damaged:
+                shard.unlink(missing_ok=True)
+            continue
+        good.append((shard, data))
+    return good
 
 
 def _count(stats: dict[str, int], input_ids: list[torch.Tensor], answer_starts: list[int]) -> None:
@@ -219,12 +255,11 @@ def _count(stats: dict[str, int], input_ids: list[torch.Tensor], answer_starts: 
 
 
 def load_distillation_data(data_dir: str | Path, with_final_hidden: bool = False) -> list[Sequence]:
-    shards = sorted(Path(data_dir).glob("shard_*.pt"))
+    shards = readable_shards(Path(data_dir), remove_damaged=False)
     if not shards:
-        raise FileNotFoundError(f"no shard_*.pt files in {str(data_dir)!r}")
+        raise DFlashConfigError(f"no readable shard_*.pt files in {str(data_dir)!r}")
     sequences: list[Sequence] = []
-    for shard in shards:
-        data = torch.load(shard)
+    for _, data in shards:
         for ids, start, feats, final in zip(data["input_ids"], data["answer_start"], data["features"], data["final_hidden"]):
             mask = torch.zeros(len(ids), dtype=torch.bool)
             mask[start:] = True

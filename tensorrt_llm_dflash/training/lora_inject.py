@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import DFlashConfigError
 from ..lora_inject import ContextKV, DFlashLoRAInjectDraftModel
-from .data import Sequence
+from .data import Sequence, readable_shards
 from .model import block_metrics, copyable_anchors, sample_anchors, training_mask_bool
 
 
@@ -36,12 +37,11 @@ def load_token_sequences(data_dir: str | Path) -> list[Sequence]:
 
     The shards are memory-mapped, so the large feature tensors are never read from disk.
     """
-    shards = sorted(Path(data_dir).glob("shard_*.pt"))
+    shards = readable_shards(Path(data_dir), remove_damaged=False, mmap=True)
     if not shards:
-        raise FileNotFoundError(f"no shard_*.pt files in {str(data_dir)!r}")
+        raise DFlashConfigError(f"no readable shard_*.pt files in {str(data_dir)!r}")
     sequences = []
-    for shard in shards:
-        data = torch.load(shard, mmap=True, weights_only=True)
+    for _, data in shards:
         for ids, start in zip(data["input_ids"], data["answer_start"]):
             ids = ids.long().clone()
             mask = torch.zeros(len(ids), dtype=torch.bool)

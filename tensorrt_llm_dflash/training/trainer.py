@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -15,10 +16,12 @@ from tqdm.auto import tqdm
 from ..config import DFlashDraftConfig, build_target_layer_ids
 from ..drafter import DFlashDraftModel, save_dflash_drafter
 from ..errors import DFlashConfigError
+from ..files import atomic_torch_save, atomic_write_json, publish_dir, remove_stale_temporaries
 from .data import Sequence
 from .model import OnlineDFlashModel, cosine_lr
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+CHECKPOINT = "checkpoint.pt"
 
 
 def _autocast(online: OnlineDFlashModel, precision: str):
@@ -146,9 +149,10 @@ def train(
     params = [p for p in online.drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     step, elapsed, history = 0, 0.0, []
-    ckpt = out / "checkpoint.pt"
-    if resume and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+    ckpt = out / CHECKPOINT
+    remove_stale_temporaries(out)
+    state = load_checkpoint(ckpt, online.drafter) if resume else None
+    if state is not None:
         online.drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed, history = state["step"], state["elapsed"], state["history"]
@@ -164,7 +168,7 @@ def train(
         return p
 
     def save() -> None:
-        torch.save({"drafter": online.drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
+        atomic_torch_save({"drafter": online.drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
                     "elapsed": elapsed, "history": history, "rng": rng.getstate(), "config": asdict(config)}, ckpt)
 
     bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step", mininterval=5.0)
@@ -210,6 +214,39 @@ def train(
     return {"final": final, "history": history}
 
 
+def load_checkpoint(path: Path, drafter: torch.nn.Module) -> dict[str, Any] | None:
+    """The training state in ``path``, or None when there is none to resume.
+
+    A checkpoint that cannot be read is named and set aside (``.damaged``), and training
+    starts over: losing the steps is better than refusing to train. One whose tensors do
+    not fit the drafter being trained was made for another drafter shape: refused by name.
+    """
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, weights_only=False)
+        if not isinstance(state, dict) or not {"drafter", "optimizer", "step", "elapsed", "history", "rng"} <= set(state):
+            raise ValueError("not a training checkpoint")
+    except Exception as err:  # noqa: BLE001 - every unreadable checkpoint is handled the same way
+        aside = path.with_name(path.name + ".damaged")
+        os.replace(path, aside)
+        print(f"warning: damaged checkpoint {path} ({type(err).__name__}: {str(err)[:120]}); moved to {aside.name}, "
+              "training starts from step 0")
+        return None
+    own = drafter.state_dict()
+    for name, tensor in state["drafter"].items():
+        if name in own and tuple(own[name].shape) != tuple(tensor.shape):
+            raise DFlashConfigError(
+                f"checkpoint {path} was made for another drafter: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"the drafter being trained has {tuple(own[name].shape)}; use --no_resume or another --work_dir"
+            )
+    missing = sorted(set(own) - set(state["drafter"]))
+    if missing:
+        raise DFlashConfigError(f"checkpoint {path} was made for another drafter: it lacks {missing[:3]}; "
+                                "use --no_resume or another --work_dir")
+    return state
+
+
 @torch.no_grad()
 def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfig, with_final: bool) -> dict[str, Any]:
     """Held-out loss, per-position top-1 accuracy and the implied expected chain tau."""
@@ -246,10 +283,16 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
             "eval_copyable_fraction": copy_anchors / max(1.0, anchors)}
 
 
+#: Files of an exported DFlash drafter; anything else in the output dir (a model card) is kept.
+DRAFTER_FILES = ("config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+                 "training_metrics.json")
+
+
 def export(online: OnlineDFlashModel, output_dir: str | Path, card: dict[str, Any]) -> None:
-    out = Path(output_dir)
-    save_dflash_drafter(online.drafter, out, dtype=torch.bfloat16)
-    (out / "training_metrics.json").write_text(json.dumps(card, indent=2, default=float) + "\n")
+    """Publish the drafter directory only once it is complete (see files.publish_dir)."""
+    with publish_dir(output_dir, DRAFTER_FILES) as staging:
+        save_dflash_drafter(online.drafter, staging, dtype=torch.bfloat16)
+        atomic_write_json(staging / "training_metrics.json", card, default=float)
 
 
 def count_parameters(module: torch.nn.Module) -> int:

@@ -401,7 +401,7 @@ def load_and_check(
         num_hidden_layers=target.num_layers,
         embedding_rows=int(embed.shape[0]),
     )
-    drafter_tensors = check_state_dict(drafter, read_safetensors_dir(drafter_dir))
+    drafter_tensors = check_state_dict(drafter, read_safetensors_dir(drafter_dir), source=drafter_dir)
     if drafter.draft_vocab_size is not None:
         ids = torch.arange(drafter.draft_vocab_size) + drafter_tensors["d2t"].to(torch.int64)
         if int(ids.min()) < 0 or int(ids.max()) >= target.vocab_size:
@@ -466,18 +466,29 @@ def convert_checkpoint(
     max_draft_len: int | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Write ``config.json`` and ``rank{N}.safetensors`` to ``output_dir``; returns the config."""
+    """Write ``config.json`` and ``rank{N}.safetensors`` to ``output_dir``; returns the config.
+
+    The checkpoint is built in a hidden staging directory and swapped in only when every rank
+    and the config are written, so a failed or killed conversion leaves the previous
+    checkpoint (or nothing), never a mix; rank files of an earlier conversion with more
+    ranks do not survive a new one.
+    """
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    output_dir = Path(output_dir)
+    from ..files import publish_dir
+
     ranks = iter_ranks(target_dir, drafter_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
                        max_draft_len=max_draft_len)
     config: dict[str, Any] = {}
-    bar = tqdm(ranks, total=tp_size * pp_size, desc="converting ranks", unit="rank", disable=not progress)
-    for rank_config, rank, tensors in bar:
-        config = rank_config
-        output_dir.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(output_dir / f"rank{rank}.safetensors"), metadata={"format": "pt"})
-    (output_dir / "config.json").write_text(json.dumps(config, indent=4) + "\n")
+    with publish_dir(output_dir, CHECKPOINT_FILES) as staging:
+        bar = tqdm(ranks, total=tp_size * pp_size, desc="converting ranks", unit="rank", disable=not progress)
+        for rank_config, rank, tensors in bar:
+            config = rank_config
+            save_file(tensors, str(staging / f"rank{rank}.safetensors"), metadata={"format": "pt"})
+        (staging / "config.json").write_text(json.dumps(config, indent=4) + "\n")
     return config
+
+
+#: The files of a converted checkpoint (what trtllm-build reads).
+CHECKPOINT_FILES = ("config.json", "rank*.safetensors")

@@ -1,0 +1,174 @@
+"""Nothing is lost: atomic files, directory results published whole, damaged shards and checkpoints
+named and rebuilt on resume, and a work dir that refuses a target it was not made for."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from tiny_dirs import save_tiny_target_dir
+from tiny_models import tiny_drafter, tiny_target
+
+from tensorrt_llm_dflash.errors import DFlashConfigError
+from tensorrt_llm_dflash.files import atomic_torch_save, atomic_write, atomic_write_text, publish_dir
+
+
+class Boom(Exception):
+    pass
+
+
+def _fail_midway(f):
+    f.write(b"half of the new conte")
+    raise Boom
+
+
+def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    atomic_torch_save({"step": 1}, path)
+    with pytest.raises(Boom):
+        atomic_write(path, _fail_midway)
+    assert torch.load(path) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_a_failed_publish_leaves_the_previous_directory(tmp_path):
+    out = tmp_path / "ckpt"
+    with publish_dir(out, ["config.json", "rank*.safetensors"]) as staging:
+        atomic_write_text(staging / "config.json", "old")
+        atomic_write_text(staging / "rank0.safetensors", "r0")
+    with pytest.raises(Boom), publish_dir(out, ["config.json", "rank*.safetensors"]) as staging:
+        atomic_write_text(staging / "config.json", "new")
+        raise Boom
+    assert (out / "config.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_a_republished_directory_drops_stale_result_files_and_keeps_the_users_own(tmp_path):
+    out = tmp_path / "ckpt"
+    with publish_dir(out, ["config.json", "rank*.safetensors"]) as staging:
+        for name in ("config.json", "rank0.safetensors", "rank1.safetensors"):
+            atomic_write_text(staging / name, "tp2")
+    (out / "NOTES.md").write_text("mine")
+    with publish_dir(out, ["config.json", "rank*.safetensors"]) as staging:
+        atomic_write_text(staging / "config.json", "tp1")
+        atomic_write_text(staging / "rank0.safetensors", "tp1")
+    assert sorted(p.name for p in out.iterdir()) == ["NOTES.md", "config.json", "rank0.safetensors"]
+    assert (out / "rank0.safetensors").read_text() == "tp1" and (out / "NOTES.md").read_text() == "mine"
+
+
+def test_reconverting_with_fewer_ranks_leaves_no_stale_rank_and_a_failure_keeps_the_old_checkpoint(tmp_path):
+    """The reported defect: a failed re-conversion left config.json bf16, rank0 fp32, rank1 bf16."""
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.trtllm.weight import convert_checkpoint
+
+    target_dir = save_tiny_target_dir(tmp_path / "target", layers=4)
+    model = tiny_target("qwen3", seed=0, vocab=64, layers=4, dtype=torch.float32, max_positions=512)
+    save_dflash_drafter(tiny_drafter(model, block_size=4), tmp_path / "drafter", dtype=torch.float32)
+    out = tmp_path / "ckpt"
+    convert_checkpoint(target_dir, tmp_path / "drafter", out, dtype="float32", tp_size=2, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "rank0.safetensors", "rank1.safetensors"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    import safetensors.torch
+
+    calls = {"n": 0}
+    real = safetensors.torch.save_file
+
+    def disk_full_on_second_rank(tensors, filename, metadata=None):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(28, "No space left on device")
+        real(tensors, filename, metadata=metadata)
+
+    safetensors.torch.save_file = disk_full_on_second_rank
+    try:
+        with pytest.raises(OSError):
+            convert_checkpoint(target_dir, tmp_path / "drafter", out, dtype="bfloat16", tp_size=2, progress=False)
+    finally:
+        safetensors.torch.save_file = real
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "drafter", "target"]
+
+    convert_checkpoint(target_dir, tmp_path / "drafter", out, dtype="bfloat16", tp_size=1, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "rank0.safetensors"]
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+class _CharTokenizer:
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
+        return [2 + ord(c) % 60 for c in messages[0]["content"]]
+
+
+def test_a_damaged_shard_is_named_and_its_prompts_answered_again(tmp_path, capsys):
+    from tensorrt_llm_dflash.training.data import build_distillation_data, load_distillation_data
+
+    target = tiny_target("llama", seed=2, dtype=torch.float32)
+    prompts = ["abc", "hello", "xyz!", "qq"]
+    build_distillation_data(tmp_path, target, _CharTokenizer(), prompts, [0, 1], max_new_tokens=4, batch_size=1)
+    shards = sorted(tmp_path.glob("shard_*.pt"))
+    assert len(shards) == 4
+    shards[1].write_bytes(shards[1].read_bytes()[:100])  # truncated, as an in-place write killed midway left it
+    meta = build_distillation_data(tmp_path, target, _CharTokenizer(), prompts, [0, 1], max_new_tokens=4,
+                                   batch_size=1)
+    out = capsys.readouterr().out
+    assert f"damaged data shard {shards[1]}" in out and "answered again" in out
+    assert meta["sequences"] == 4
+    names = sorted(p.name for p in tmp_path.glob("shard_*.pt"))
+    assert names == ["shard_00000.pt", "shard_00002.pt", "shard_00003.pt", "shard_00004.pt"]  # no overwrite
+    answered = sorted(tuple(s.input_ids[~s.loss_mask].tolist()) for s in load_distillation_data(tmp_path))
+    assert answered == sorted(tuple(_CharTokenizer().apply_chat_template([{"content": p}])) for p in prompts)
+
+
+def test_a_damaged_checkpoint_is_set_aside_and_training_starts_over(tmp_path, capsys):
+    from tensorrt_llm_dflash.training.trainer import CHECKPOINT, load_checkpoint
+
+    model = tiny_target("qwen3", seed=0, vocab=64, layers=4, dtype=torch.float32)
+    drafter = tiny_drafter(model, block_size=4).float()
+    (tmp_path / CHECKPOINT).write_bytes(b"PK\x03\x04 truncated zip")
+    assert load_checkpoint(tmp_path / CHECKPOINT, drafter) is None
+    assert "damaged checkpoint" in capsys.readouterr().out
+    assert (tmp_path / (CHECKPOINT + ".damaged")).exists() and not (tmp_path / CHECKPOINT).exists()
+
+    other = tiny_drafter(model, block_size=4, layers=2).float()
+    torch.save({"drafter": other.state_dict(), "optimizer": {}, "step": 5, "elapsed": 1.0, "history": [],
+                "rng": None}, tmp_path / CHECKPOINT)
+    bigger = tiny_drafter(model, block_size=4, layers=2, intermediate_size=96).float()
+    with pytest.raises(DFlashConfigError, match="made for another drafter: tensor .*mlp"):
+        load_checkpoint(tmp_path / CHECKPOINT, bigger)
+
+
+def test_work_dir_refuses_a_second_target_of_the_same_shape(tmp_path, capsys):
+    """The reported defect: a second target of the same shape reused the first one's data and checkpoint."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "examples"))
+    spec = importlib.util.spec_from_file_location("files_train_dflash", root / "examples" / "train_dflash.py")
+    train_dflash = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_dflash)
+
+    first = save_tiny_target_dir(tmp_path / "first", seed=1)
+    second = save_tiny_target_dir(tmp_path / "second", seed=2)  # same config, same tokenizer, other weights
+    work = tmp_path / "work"
+    common = ["--work_dir", str(work), "--num_prompts", "2", "--max_new_tokens", "3", "--data_minutes", "0",
+              "--train_minutes", "0", "--max_steps", "2", "--log_every", "1", "--num_feature_layers", "2",
+              "--threads", "1"]
+    assert train_dflash.main(["--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), *common]) == 0
+    capsys.readouterr()
+    assert train_dflash.main(["--target_model_dir", str(second), "--output_dir", str(tmp_path / "d2"), *common]) == 2
+    err = capsys.readouterr().err
+    assert f"--work_dir {str(work)!r} was made for another target" in err and "weights_sha256" in err
+    assert not (tmp_path / "d2").exists()
+    # The same target resumes; a changed data recipe is refused by name.
+    assert train_dflash.main(["--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), *common]) == 0
+    changed = [a if a != "3" else "5" for a in common]
+    assert train_dflash.main(["--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), *changed]) == 2
+    assert "data.max_new_tokens 3 (recorded) != 5 (now)" in capsys.readouterr().err
+    # A work dir with data but no fingerprint (made before fingerprints, or by hand) is refused too.
+    os.remove(work / "fingerprint.json")
+    assert train_dflash.main(["--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), *common]) == 2
+    assert "no fingerprint.json" in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""examples/run.py keeps what it generated: --output_json is written after every prompt, an error
+or Ctrl-C saves the finished generations and exits cleanly, and --streaming prints exactly the
+decoded text (multi-byte characters included)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_dirs import save_tiny_target_dir
+
+from tensorrt_llm_dflash.errors import DFlashInputError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run_module():
+    sys.path.insert(0, str(ROOT / "examples"))
+    spec = importlib.util.spec_from_file_location("run_outputs_run", ROOT / "examples" / "run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return save_tiny_target_dir(tmp_path_factory.mktemp("run") / "target", arch="llama", seed=5, layers=2)
+
+
+def _argv(target_dir, out, prompts):
+    return ["--target_model_dir", str(target_dir), "--speculative_decoding_mode", "none", "--max_output_len", "6",
+            "--output_json", str(out), "--threads", "1", "--input_text", *prompts]
+
+
+def _interrupting(real, on_call: int, exc: BaseException, seen: list):
+    """speculative_generate that raises ``exc`` on its ``on_call``-th call, recording the
+    --output_json contents it finds at every call."""
+    calls = {"n": 0}
+
+    def generate(*args, **kwargs):
+        calls["n"] += 1
+        seen.append(calls["n"])
+        if calls["n"] == on_call:
+            raise exc
+        return real(*args, **kwargs)
+
+    return generate
+
+
+@pytest.mark.parametrize("exc, code, status", [(KeyboardInterrupt(), 130, "interrupted"),
+                                               (DFlashInputError("prompt refused"), 2, "error")])
+def test_finished_generations_survive_an_interrupt_or_a_later_error(run_module, target_dir, tmp_path, monkeypatch,
+                                                                    capsys, exc, code, status):
+    import tensorrt_llm_dflash.decode as decode
+
+    out = tmp_path / "results.json"
+    snapshots: list = []
+    monkeypatch.setattr(decode, "speculative_generate",
+                        _interrupting(decode.speculative_generate, 3, exc, snapshots))
+    rc = run_module.main(_argv(target_dir, out, ["abc", "hello there", "third one"]))
+    err = capsys.readouterr().err
+    assert rc == code
+    saved = json.loads(out.read_text())
+    assert saved["status"] == status
+    assert [o["prompt"] for o in saved["outputs"]] == ["abc", "hello there"]
+    assert all(len(o["output_ids"]) == 6 for o in saved["outputs"])
+    assert "saved 2 finished generation(s)" in err and "Traceback" not in err
+
+
+def test_results_are_on_disk_after_every_prompt(run_module, target_dir, tmp_path, monkeypatch):
+    import tensorrt_llm_dflash.decode as decode
+
+    out = tmp_path / "results.json"
+    real = decode.speculative_generate
+    on_disk: list[int] = []
+
+    def generate(*args, **kwargs):
+        on_disk.append(len(json.loads(out.read_text())["outputs"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode, "speculative_generate", generate)
+    assert run_module.main(_argv(target_dir, out, ["a", "bb", "ccc"])) == 0
+    assert on_disk == [0, 1, 2]
+    assert json.loads(out.read_text())["status"] == "complete"
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_any_generation(run_module, target_dir, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    rc = run_module.main(_argv(target_dir, out, ["short", "x" * 600]))  # 600 chars > 512 positions
+    err = capsys.readouterr().err
+    assert rc == 2 and "--input_text 'xxxx" in err and "max_position_embeddings=512" in err
+    assert json.loads(out.read_text())["outputs"] == []
+
+
+def test_streaming_prints_exactly_the_decoded_text_on_the_embedded_target(run_module, tmp_path, capfd):
+    """Emoji, CJK and accented prompts on SmolLM2: what --streaming printed equals the final text."""
+    prompts = ["Reply with five party emoji 🎉 and nothing else.",
+               "把这句话翻译成英文：我喜欢吃苹果。",
+               "Écris une phrase en français avec des accents : é, è, ç, à.",
+               "def f(x):\n    return x * 2  # explain this"]
+    out = tmp_path / "results.json"
+    rc = run_module.main(["--speculative_decoding_mode", "dflash", "--max_output_len", "24", "--streaming",
+                          "--output_json", str(out), "--input_text", *prompts])
+    assert rc == 0
+    printed = capfd.readouterr().out
+    saved = json.loads(out.read_text())["outputs"]
+    for item in saved:
+        header = f"] {item['prompt']!r}\n\n"
+        start = printed.index(header) + len(header)
+        end = printed.index("\n-- ", start)
+        assert printed[start:end] == item["output_text"], (item["prompt"], printed[start:end], item["output_text"])
+    assert any(ord(c) > 0x2000 for item in saved for c in item["output_text"]), "no multi-byte output to check"
