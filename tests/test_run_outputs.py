@@ -114,3 +114,22 @@ def test_streaming_prints_exactly_the_decoded_text_on_the_embedded_target(run_mo
         end = printed.index("\n-- ", start)
         assert printed[start:end] == item["output_text"], (item["prompt"], printed[start:end], item["output_text"])
     assert any(ord(c) > 0x2000 for item in saved for c in item["output_text"]), "no multi-byte output to check"
+
+
+@pytest.mark.parametrize("dtype, warned", [("bfloat16", True), ("float16", True), ("float32", False)])
+def test_speculative_low_precision_runs_warn_that_output_may_differ(run_module, target_dir, tmp_path, capsys,
+                                                                     dtype, warned):
+    import torch
+    from tiny_models import tiny_drafter
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.target import load_target
+
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    drafter_dir = tmp_path / "drafter"
+    save_dflash_drafter(tiny_drafter(model, block_size=4), drafter_dir, dtype=torch.float32)
+    rc = run_module.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
+                          "--dtype", dtype, "--max_output_len", "3", "--input_text", "abc"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert (f"warning: --dtype {dtype}: speculative output is not guaranteed" in err) == warned, err
