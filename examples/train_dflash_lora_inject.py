@@ -124,7 +124,7 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
 
 
 def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint
+    from tensorrt_llm_dflash.training.workdir import FINGERPRINT_FILE, claim_work_dir, target_fingerprint
 
     t_start = time.time()
     model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32)
@@ -135,8 +135,13 @@ def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
     config = LoRAInjectConfig.for_target(model, args.block_size, args.mask_token_id,
                                          lora_target_modules=list(args.lora_targets), lora_rank=args.lora_rank,
                                          lora_alpha=args.lora_alpha)
+    fingerprint = target_fingerprint(model, tokenizer)
+    # The data dir may be a DFlash work dir's (its fingerprint then speaks for it) or its own.
+    data_dir = Path(args.data_dir)
+    claim_work_dir(data_dir.parent if (data_dir.parent / FINGERPRINT_FILE).is_file() else data_dir,
+                   {"target": fingerprint}, argument="--data_dir")
     claim_work_dir(args.work_dir, {
-        "target": target_fingerprint(model, tokenizer),
+        "target": fingerprint,
         "drafter": {"kind": "lora_inject", "block_size": args.block_size, "mask_token_id": args.mask_token_id,
                     "lora_rank": args.lora_rank, "lora_targets": sorted(args.lora_targets)},
     }, renew=("drafter",) if args.no_resume else ())

@@ -172,3 +172,54 @@ def test_work_dir_refuses_a_second_target_of_the_same_shape(tmp_path, capsys):
     os.remove(work / "fingerprint.json")
     assert train_dflash.main(["--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), *common]) == 2
     assert "no fingerprint.json" in capsys.readouterr().err
+
+
+def _example(name: str):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "examples"))
+    spec = importlib.util.spec_from_file_location(f"files_{name}", root / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_lora_inject_training_end_to_end_publishes_a_lossless_adapter_and_guards_its_data(tmp_path, capsys):
+    """examples/train_dflash_lora_inject.py on the shards of a DFlash work dir: the adapter is
+    published whole and decodes losslessly; another target may not train on those shards."""
+    from tensorrt_llm_dflash.decode import speculative_generate
+    from tensorrt_llm_dflash.lora_inject import build_lora_inject_proposer
+    from tensorrt_llm_dflash.sampling import SamplingParams
+    from tensorrt_llm_dflash.target import HFTargetVerifier, load_target
+
+    first = save_tiny_target_dir(tmp_path / "first", seed=1)
+    work = tmp_path / "work"
+    assert _example("train_dflash").main([
+        "--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), "--work_dir", str(work),
+        "--num_prompts", "3", "--max_new_tokens", "4", "--data_minutes", "0", "--train_minutes", "0",
+        "--max_steps", "1", "--log_every", "1", "--num_feature_layers", "2", "--threads", "1"]) == 0
+    lora = _example("train_dflash_lora_inject")
+    common = ["--data_dir", str(work / "data"), "--train_minutes", "0", "--max_steps", "4", "--log_every", "2",
+              "--block_size", "4", "--lora_rank", "4", "--threads", "1"]
+    out = tmp_path / "adapter"
+    out.mkdir()
+    (out / "NOTES.md").write_text("mine")
+    assert lora.main(["--target_model_dir", str(first), "--work_dir", str(tmp_path / "lw"), "--output_dir", str(out),
+                      *common]) == 0
+    assert {p.name for p in out.iterdir()} == {"NOTES.md", "README.md", "adapter_config.json",
+                                               "adapter_model.safetensors", "dflash_lora_inject.json",
+                                               "draft_vocab.safetensors", "training_metrics.json"}
+    model, _ = load_target(first, dtype=torch.float64)
+    verifier, proposer = build_lora_inject_proposer(model, out)
+    ar = speculative_generate(HFTargetVerifier(model, []), None, [5, 9, 12], 16, SamplingParams(), [], 0)
+    for budget in (0, 4):
+        assert speculative_generate(verifier, proposer, [5, 9, 12], 16, SamplingParams(), [], budget).output_ids \
+            == ar.output_ids
+    capsys.readouterr()
+    second = save_tiny_target_dir(tmp_path / "second", seed=2)
+    assert lora.main(["--target_model_dir", str(second), "--work_dir", str(tmp_path / "lw2"), "--output_dir",
+                      str(tmp_path / "adapter2"), *common]) == 2
+    assert f"--data_dir {str(work)!r} was made for another target" in capsys.readouterr().err

@@ -74,14 +74,15 @@ def _differences(recorded: dict[str, Any], current: dict[str, Any], prefix: str 
     return out
 
 
-def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tuple[str, ...] = ()) -> None:
+def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tuple[str, ...] = (),
+                   argument: str = "--work_dir") -> None:
     """Record ``fingerprint`` in a new work dir, or refuse one made for something else.
 
     ``fingerprint`` maps section names ("target", "data", "drafter") to plain dicts; the
     sections in ``renew`` are recorded anew instead of compared (the drafter's shape may
     change when training starts over with ``--no_resume``). A work dir that already holds
     data or a checkpoint but no fingerprint is refused too: what it was made with cannot be
-    known.
+    known. ``argument`` is the command-line flag the directory came from, for the messages.
     """
     work = Path(work_dir)
     path = work / FINGERPRINT_FILE
@@ -89,24 +90,25 @@ def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tup
         try:
             recorded = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise DFlashConfigError(f"{path} is damaged ({err}); delete the work dir or use another --work_dir") from None
+            raise DFlashConfigError(f"{path} is damaged ({err}); delete the directory or use another {argument}") from None
         if not isinstance(recorded, dict):
-            raise DFlashConfigError(f"{path} is damaged (not a JSON object); delete the work dir or use another --work_dir")
+            raise DFlashConfigError(f"{path} is damaged (not a JSON object); delete the directory or use another {argument}")
         compared = [k for k in fingerprint if k not in renew]
         diffs = _differences({k: recorded.get(k) for k in compared}, {k: fingerprint[k] for k in compared})
         if diffs:
             raise DFlashConfigError(
-                f"--work_dir {str(work)!r} was made for another target or recipe: " + "; ".join(diffs[:4])
-                + ("; ..." if len(diffs) > 4 else "") + ". Use another --work_dir (or delete this one)"
+                f"{argument} {str(work)!r} was made for another target or recipe: " + "; ".join(diffs[:4])
+                + ("; ..." if len(diffs) > 4 else "") + f". Use another {argument} (or delete this one)"
             )
         if any(recorded.get(k) != fingerprint[k] for k in renew if k in fingerprint):
             atomic_write_json(path, {**recorded, **{k: fingerprint[k] for k in renew if k in fingerprint}})
         return
     leftovers = [p.name for p in (work / "checkpoint.pt", work / "data") if p.exists()]
+    leftovers += sorted(p.name for p in work.glob("shard_*.pt"))[:1]  # a bare data dir
     if leftovers:
         raise DFlashConfigError(
-            f"--work_dir {str(work)!r} holds {leftovers} but no {FINGERPRINT_FILE}, so what they were made "
-            "from is unknown: use another --work_dir (or delete this one)"
+            f"{argument} {str(work)!r} holds {leftovers} but no {FINGERPRINT_FILE}, so what they were made "
+            f"from is unknown: use another {argument} (or delete this one)"
         )
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, fingerprint)
