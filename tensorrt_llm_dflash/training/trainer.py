@@ -111,20 +111,60 @@ def init_from_target(drafter: DFlashDraftModel, target: Any) -> None:
         torch.nn.init.normal_(drafter.fc.weight, std=0.02)
 
 
-def _batch(seqs: list[Sequence], with_final: bool) -> dict[str, torch.Tensor]:
+class TargetFeatures:
+    """``--features online``: the frozen target computes the drafter's inputs inside each step.
+
+    Nothing touches the disk, which is what makes large targets trainable: cached features
+    of an 8B target reading 5 layers take 40 KB per token. Both modes hand the drafter the
+    same values, the target's hidden states rounded to bf16 (what the cache stores: SmolLM2's
+    reach |h| ~ 25k, beyond fp16), so ``online`` and ``cached`` train the same model.
+    """
+
+    def __init__(self, target: Any, layer_ids: list[int]) -> None:
+        self.target = target.eval()
+        self.layer_ids = list(layer_ids)
+        for param in self.target.parameters():
+            param.requires_grad_(False)
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [b, s, K*H], final normed hidden [b, s, H]) for a right-padded batch, float32."""
+        from .data import _layer_features
+
+        device = self.target.device
+        attention = (torch.arange(input_ids.shape[1])[None] < lengths[:, None]).long()
+        out = self.target(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                          output_hidden_states=True, use_cache=False, logits_to_keep=1)
+        feats, final = _layer_features(out.hidden_states, self.layer_ids)
+        return feats.float(), final.float()
+
+
+def _batch(seqs: list[Sequence], with_final: bool, features: TargetFeatures | None = None) -> dict[str, torch.Tensor]:
+    """A right-padded batch; features from the cache, or from the target when ``features`` is given."""
     s = max(len(x.input_ids) for x in seqs)
     b = len(seqs)
-    f = seqs[0].features.shape[-1]
     ids = torch.zeros(b, s, dtype=torch.long)
     mask = torch.zeros(b, s, dtype=torch.bool)
-    feats = torch.zeros(b, s, f, dtype=torch.bfloat16)
+    lengths = torch.tensor([len(x.input_ids) for x in seqs])
+    for row, x in enumerate(seqs):
+        ids[row, : len(x.input_ids)], mask[row, : len(x.input_ids)] = x.input_ids, x.loss_mask
+    out = {"input_ids": ids, "loss_mask": mask}
+    if features is not None:
+        feats, final = features(ids, lengths)
+        # Padding rows are zero, as in the cached batch (no block reads them; equal batches either way).
+        pad = (torch.arange(s)[None] >= lengths[:, None])[:, :, None]
+        out["features"] = feats.masked_fill(pad, 0.0)
+        if with_final:
+            out["final_hidden"] = final.masked_fill(pad, 0.0)
+        return out
+    feats = torch.zeros(b, s, seqs[0].features.shape[-1], dtype=torch.bfloat16)
     final = torch.zeros(b, s, seqs[0].final_hidden.shape[-1], dtype=torch.bfloat16) if with_final else None
     for row, x in enumerate(seqs):
         n = len(x.input_ids)
-        ids[row, :n], mask[row, :n], feats[row, :n] = x.input_ids, x.loss_mask, x.features
+        feats[row, :n] = x.features
         if with_final:
             final[row, :n] = x.final_hidden
-    out = {"input_ids": ids, "loss_mask": mask, "features": feats.float()}
+    out["features"] = feats.float()
     if with_final:
         out["final_hidden"] = final.float()
     return out
@@ -136,8 +176,13 @@ def train(
     config: TrainConfig,
     output_dir: str | Path,
     resume: bool = True,
+    features: TargetFeatures | None = None,
 ) -> dict[str, Any]:
-    """Train in place; checkpoints to ``output_dir/checkpoint.pt``; returns final metrics."""
+    """Train in place; checkpoints to ``output_dir/checkpoint.pt``; returns final metrics.
+
+    ``features``: compute the drafter's inputs with the target in every step (``--features
+    online``) instead of reading them from ``sequences`` (cached).
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
@@ -176,7 +221,8 @@ def train(
     online.train()
     while progress() < 1.0:
         t0 = time.perf_counter()
-        batch = _batch([sequences[i] for i in rng.sample(train_ids, min(config.batch_size, len(train_ids)))], with_final)
+        batch = _batch([sequences[i] for i in rng.sample(train_ids, min(config.batch_size, len(train_ids)))], with_final,
+                       features)
         lr = config.lr * cosine_lr(progress())
         for group in opt.param_groups:
             group["lr"] = lr
@@ -196,7 +242,7 @@ def train(
         bar.update(1)
         if step % config.log_every == 0:
             acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
-            ev = evaluate(online, [sequences[i] for i in eval_ids], config, with_final)
+            ev = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features)
             elapsed += time.perf_counter() - t0 - step_seconds  # the budget is wall time, evaluation included
             record = {"step": step, "minutes": elapsed / 60, "lr": lr, "train_loss": window["loss"] / window["n"],
                       "train_acc": acc, **ev}
@@ -209,7 +255,7 @@ def train(
             save()
     bar.close()
     save()
-    final = evaluate(online, [sequences[i] for i in eval_ids], config, with_final)
+    final = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features)
     final.update({"steps": step, "train_minutes": elapsed / 60})
     return {"final": final, "history": history}
 
@@ -248,7 +294,8 @@ def load_checkpoint(path: Path, drafter: torch.nn.Module) -> dict[str, Any] | No
 
 
 @torch.no_grad()
-def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfig, with_final: bool) -> dict[str, Any]:
+def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfig, with_final: bool,
+             features: TargetFeatures | None = None) -> dict[str, Any]:
     """Held-out loss, per-position top-1 accuracy and the implied expected chain tau."""
     was_training = online.training
     online.eval()
@@ -258,7 +305,7 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
     batches = [seqs[i : i + config.batch_size] for i in range(0, len(seqs), config.batch_size)]
     for chunk in batches:
         with _autocast(online, config.precision):
-            out = online(**_batch(chunk, with_final), generator=gen)
+            out = online(**_batch(chunk, with_final, features), generator=gen)
         loss += float(out["loss"])
         correct = out["correct"] if correct is None else correct + out["correct"]
         count = out["count"] if count is None else count + out["count"]
