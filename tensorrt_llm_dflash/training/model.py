@@ -106,11 +106,22 @@ class OnlineDFlashModel(nn.Module):
         loss_mask: torch.Tensor,
         final_hidden: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
+        anchors: tuple[torch.Tensor, torch.Tensor] | None = None,
+        weight_total: torch.Tensor | None = None,
+        scale: float = 1.0,
     ) -> dict[str, torch.Tensor]:
+        """The DFlash loss of a batch, and block metrics.
+
+        Data parallel training passes this rank's rows with the ``anchors`` (anchors, keep)
+        drawn for them on the global batch, the global batch's ``weight_total``
+        (:meth:`label_weight_total`) and ``scale`` = world size: the loss is then this rank's
+        share of the global batch's loss, times the world size that DDP's gradient averaging
+        divides back out, so N ranks take the step one process takes on the whole batch.
+        """
         b, s = input_ids.shape
         bs = self.block_size
         dtype = self.head_weight.dtype
-        anchors, keep = sample_anchors(loss_mask, self.num_anchors, generator)
+        anchors, keep = sample_anchors(loss_mask, self.num_anchors, generator) if anchors is None else anchors
         n = anchors.shape[1]
         offsets = torch.arange(bs, device=input_ids.device)
         block_positions = (anchors[:, :, None] + offsets).reshape(b, n * bs)
@@ -132,17 +143,10 @@ class OnlineDFlashModel(nn.Module):
         # A 2-D matmul: a 4-D input against the shared head would run as a slow batched matmul.
         logits = (hidden.reshape(-1, hidden.shape[-1]) @ self.head_weight.T).view(b, n, bs - 1, -1)
 
-        label_pos = anchors[:, :, None] + offsets[1:]  # [b, n, bs-1]
-        in_range = label_pos < s
-        label_pos = label_pos.clamp(max=s - 1)
-        labels = input_ids.gather(1, label_pos.view(b, -1)).view_as(label_pos)
-        draft_labels = self.target_to_draft[labels]
-        valid = keep[:, :, None] & in_range & loss_mask.gather(1, label_pos.view(b, -1)).view_as(label_pos).bool()
-        representable = valid & (draft_labels >= 0)
-        decay = torch.exp(-(offsets[1:].to(dtype) - 1) / self.gamma)
-        weight = representable.to(dtype) * decay
+        label_pos, draft_labels, valid, representable, weight = self._labels(input_ids, loss_mask, anchors, keep)
+        total = weight.sum() if weight_total is None else weight_total
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), draft_labels.clamp(min=0).view(-1), reduction="none")
-        loss = (ce.view_as(weight) * weight).sum() / weight.sum().clamp(min=1e-6)
+        loss = (ce.view_as(weight) * weight).sum() / total.clamp(min=1e-6) * scale
         if self.distill_weight > 0:
             if final_hidden is None:
                 raise ValueError("distill_weight > 0 needs the target's final hidden states")
@@ -150,7 +154,7 @@ class OnlineDFlashModel(nn.Module):
             teacher_h = final_hidden.gather(1, teacher_pos[..., None].expand(-1, -1, final_hidden.shape[-1]))
             teacher = (teacher_h.to(dtype) @ self.head_weight.T).view_as(logits).float().softmax(-1)
             kl = -(teacher * logits.float().log_softmax(-1)).sum(-1)
-            distill = (kl * weight).sum() / weight.sum().clamp(min=1e-6)
+            distill = (kl * weight).sum() / total.clamp(min=1e-6) * scale
             loss = (1 - self.distill_weight) * loss + self.distill_weight * distill
         with torch.no_grad():
             metrics = block_metrics((logits.argmax(-1) == draft_labels) & valid, valid,
@@ -160,6 +164,26 @@ class OnlineDFlashModel(nn.Module):
             **metrics,
             "coverage": representable.sum().float() / valid.sum().clamp(min=1).float(),
         }
+
+    def _labels(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor):
+        """(label positions, draft-vocabulary labels, valid, representable, loss weight), [b, N, B-1] each."""
+        b, s = input_ids.shape
+        offsets = torch.arange(1, self.block_size, device=input_ids.device)
+        label_pos = anchors[:, :, None] + offsets  # [b, n, bs-1]
+        in_range = label_pos < s
+        label_pos = label_pos.clamp(max=s - 1)
+        labels = input_ids.gather(1, label_pos.view(b, -1)).view_as(label_pos)
+        draft_labels = self.target_to_draft[labels]
+        valid = keep[:, :, None] & in_range & loss_mask.gather(1, label_pos.view(b, -1)).view_as(label_pos).bool()
+        representable = valid & (draft_labels >= 0)
+        decay = torch.exp(-(offsets.to(self.head_weight.dtype) - 1) / self.gamma)
+        return label_pos, draft_labels, valid, representable, representable.to(self.head_weight.dtype) * decay
+
+    @torch.no_grad()
+    def label_weight_total(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
+                           keep: torch.Tensor) -> torch.Tensor:
+        """The loss normaliser of a whole (global) batch: cheap, labels and masks only."""
+        return self._labels(input_ids, loss_mask, anchors, keep)[-1].sum()
 
 
 def copyable_anchors(input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:

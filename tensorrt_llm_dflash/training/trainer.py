@@ -18,7 +18,7 @@ from ..drafter import DFlashDraftModel, save_dflash_drafter
 from ..errors import DFlashConfigError
 from ..files import atomic_torch_save, atomic_write_json, publish_dir, remove_stale_temporaries
 from .data import Sequence
-from .model import OnlineDFlashModel, cosine_lr
+from .model import OnlineDFlashModel, cosine_lr, sample_anchors
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 CHECKPOINT = "checkpoint.pt"
@@ -139,15 +139,21 @@ class TargetFeatures:
         return feats.float(), final.float()
 
 
-def _batch(seqs: list[Sequence], with_final: bool, features: TargetFeatures | None = None) -> dict[str, torch.Tensor]:
-    """A right-padded batch; features from the cache, or from the target when ``features`` is given."""
-    s = max(len(x.input_ids) for x in seqs)
-    b = len(seqs)
-    ids = torch.zeros(b, s, dtype=torch.long)
-    mask = torch.zeros(b, s, dtype=torch.bool)
-    lengths = torch.tensor([len(x.input_ids) for x in seqs])
+def _token_batch(seqs: list[Sequence], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, loss mask, lengths), right padded to the longest sequence (or ``width``)."""
+    s = width or max(len(x.input_ids) for x in seqs)
+    ids = torch.zeros(len(seqs), s, dtype=torch.long)
+    mask = torch.zeros(len(seqs), s, dtype=torch.bool)
     for row, x in enumerate(seqs):
         ids[row, : len(x.input_ids)], mask[row, : len(x.input_ids)] = x.input_ids, x.loss_mask
+    return ids, mask, torch.tensor([len(x.input_ids) for x in seqs])
+
+
+def _batch(seqs: list[Sequence], with_final: bool, features: TargetFeatures | None = None,
+           width: int | None = None) -> dict[str, torch.Tensor]:
+    """A right-padded batch; features from the cache, or from the target when ``features`` is given."""
+    ids, mask, lengths = _token_batch(seqs, width)
+    b, s = ids.shape
     out = {"input_ids": ids, "loss_mask": mask}
     if features is not None:
         feats, final = features(ids, lengths)
@@ -170,6 +176,15 @@ def _batch(seqs: list[Sequence], with_final: bool, features: TargetFeatures | No
     return out
 
 
+def distributed_world() -> tuple[int, int]:
+    """(rank, world size) of an initialised torch.distributed job of two or more ranks, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def train(
     online: OnlineDFlashModel,
     sequences: list[Sequence],
@@ -182,7 +197,24 @@ def train(
 
     ``features``: compute the drafter's inputs with the target in every step (``--features
     online``) instead of reading them from ``sequences`` (cached).
+
+    Under ``torchrun`` (an initialised process group of N > 1 ranks) this is data parallel:
+    every rank draws the same global batch of ``config.batch_size`` sequences and the same
+    anchors (shared seeds), runs the forward and backward of its own rows only, and
+    DistributedDataParallel averages the gradients; the loss is normalised over the global
+    batch (see ``OnlineDFlashModel.forward``), so N ranks take the step one process would.
+    Rank 0 evaluates, logs and writes the checkpoint, which holds nothing rank-specific:
+    a run resumes with any number of ranks.
     """
+    import torch.distributed as dist
+
+    rank, world = distributed_world()
+    if world > 1:
+        if not hasattr(online, "label_weight_total"):
+            raise DFlashConfigError(f"{type(online).__name__} does not support data parallel training; run one process")
+        if config.batch_size < world:
+            raise DFlashConfigError(f"batch_size={config.batch_size} is the global batch and must be at least the "
+                                    f"number of ranks ({world})")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(config.seed)
@@ -195,16 +227,24 @@ def train(
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     step, elapsed, history = 0, 0.0, []
     ckpt = out / CHECKPOINT
-    remove_stale_temporaries(out)
-    state = load_checkpoint(ckpt, online.drafter) if resume else None
+    if rank == 0:
+        remove_stale_temporaries(out)
+    state = load_checkpoint(ckpt, online.drafter, quiet=rank != 0) if resume else None
     if state is not None:
         online.drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed, history = state["step"], state["elapsed"], state["history"]
         rng.setstate(state["rng"])
-        print(f"resumed from {ckpt} at step {step} ({elapsed / 60:.1f} min trained)")
+        if rank == 0:
+            print(f"resumed from {ckpt} at step {step} ({elapsed / 60:.1f} min trained)")
     gen = torch.Generator().manual_seed(config.seed + step)
     with_final = config.distill_weight > 0
+    model = online
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # The frozen embedding / lm_head are buffers, equal on every rank: not re-broadcast each step.
+        model = DistributedDataParallel(online, broadcast_buffers=False)
 
     def progress() -> float:
         p = step / config.max_steps
@@ -213,34 +253,49 @@ def train(
         return p
 
     def save() -> None:
-        atomic_torch_save({"drafter": online.drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
-                    "elapsed": elapsed, "history": history, "rng": rng.getstate(), "config": asdict(config)}, ckpt)
+        if rank == 0:
+            atomic_torch_save({"drafter": online.drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                               "elapsed": elapsed, "history": history, "rng": rng.getstate(),
+                               "config": asdict(config)}, ckpt)
 
-    bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step", mininterval=5.0)
+    bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step",
+               mininterval=5.0, disable=rank != 0)
     window: dict[str, Any] = {"loss": 0.0, "n": 0, "correct": None, "count": None}
     online.train()
     while progress() < 1.0:
         t0 = time.perf_counter()
-        batch = _batch([sequences[i] for i in rng.sample(train_ids, min(config.batch_size, len(train_ids)))], with_final,
-                       features)
+        chosen = [sequences[i] for i in rng.sample(train_ids, min(config.batch_size, len(train_ids)))]
         lr = config.lr * cosine_lr(progress())
         for group in opt.param_groups:
             group["lr"] = lr
         with _autocast(online, config.precision):
-            out_step = online(**batch, generator=gen)
+            if world > 1:
+                ids, mask, _ = _token_batch(chosen)
+                anchors, keep = sample_anchors(mask, online.num_anchors, gen)
+                total = online.label_weight_total(ids, mask, anchors, keep)
+                rows = torch.tensor_split(torch.arange(len(chosen)), world)[rank]
+                local = _batch([chosen[i] for i in rows], with_final, features, width=ids.shape[1])
+                out_step = model(**local, anchors=(anchors[rows], keep[rows]), weight_total=total, scale=float(world))
+            else:
+                out_step = model(**_batch(chosen, with_final, features), generator=gen)
         opt.zero_grad(set_to_none=True)
         out_step["loss"].backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
+        loss_value, correct, count = out_step["loss"].detach().clone(), out_step["correct"], out_step["count"]
+        if world > 1:
+            for tensor in (loss_value, correct, count):
+                dist.all_reduce(tensor)
+            loss_value /= world
         step_seconds = time.perf_counter() - t0
         elapsed += step_seconds
-        window["loss"] += out_step["loss"].item()
+        window["loss"] += loss_value.item()
         window["n"] += 1
-        window["correct"] = out_step["correct"] if window["correct"] is None else window["correct"] + out_step["correct"]
-        window["count"] = out_step["count"] if window["count"] is None else window["count"] + out_step["count"]
+        window["correct"] = correct if window["correct"] is None else window["correct"] + correct
+        window["count"] = count if window["count"] is None else window["count"] + count
         bar.update(1)
-        if step % config.log_every == 0:
+        if step % config.log_every == 0 and rank == 0:
             acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
             ev = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features)
             elapsed += time.perf_counter() - t0 - step_seconds  # the budget is wall time, evaluation included
@@ -249,18 +304,26 @@ def train(
             history.append(record)
             bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(a, 3) for a in v] if isinstance(v, list) else v)
                                   for k, v in record.items()}))
+        if step % config.log_every == 0:
             window = {"loss": 0.0, "n": 0, "correct": None, "count": None}
-        bar.set_postfix(loss=f"{out_step['loss'].item():.3f}", lr=f"{lr:.1e}", min=f"{elapsed / 60:.1f}")
+        if world > 1:
+            # Every rank must stop at the same step: the time budget is rank 0's clock.
+            clock = torch.tensor([elapsed], dtype=torch.float64)
+            dist.broadcast(clock, src=0)
+            elapsed = float(clock)
+        bar.set_postfix(loss=f"{loss_value.item():.3f}", lr=f"{lr:.1e}", min=f"{elapsed / 60:.1f}")
         if step % config.save_every == 0:
             save()
     bar.close()
     save()
-    final = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features)
+    if world > 1:
+        dist.barrier()
+    final = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features) if rank == 0 else {}
     final.update({"steps": step, "train_minutes": elapsed / 60})
     return {"final": final, "history": history}
 
 
-def load_checkpoint(path: Path, drafter: torch.nn.Module) -> dict[str, Any] | None:
+def load_checkpoint(path: Path, drafter: torch.nn.Module, quiet: bool = False) -> dict[str, Any] | None:
     """The training state in ``path``, or None when there is none to resume.
 
     A checkpoint that cannot be read is named and set aside (``.damaged``), and training
@@ -274,6 +337,8 @@ def load_checkpoint(path: Path, drafter: torch.nn.Module) -> dict[str, Any] | No
         if not isinstance(state, dict) or not {"drafter", "optimizer", "step", "elapsed", "history", "rng"} <= set(state):
             raise ValueError("not a training checkpoint")
     except Exception as err:  # noqa: BLE001 - every unreadable checkpoint is handled the same way
+        if quiet:  # another rank (rank 0) sets it aside and says so
+            return None
         aside = path.with_name(path.name + ".damaged")
         os.replace(path, aside)
         print(f"warning: damaged checkpoint {path} ({type(err).__name__}: {str(err)[:120]}); moved to {aside.name}, "
