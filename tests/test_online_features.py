@@ -69,3 +69,16 @@ def test_online_and_cached_training_runs_are_identical(setup, tmp_path):
     (hist_a, eval_a, params_a), (hist_b, eval_b, params_b) = runs
     assert len(hist_a) == 3 and hist_a == hist_b and eval_a == eval_b
     assert all(torch.equal(x, y) for x, y in zip(params_a, params_b))
+
+
+def test_logged_records_are_appended_to_a_jsonl_file(setup, tmp_path):
+    import json
+
+    target, drafter, cached, _, _ = setup
+    log = tmp_path / "train_log.jsonl"
+    config = TrainConfig(lr=1e-3, batch_size=3, num_anchors=6, max_steps=4, log_every=2, save_every=100,
+                         eval_fraction=0.2, log_path=str(log))
+    result = train(_online(target, copy.deepcopy(drafter)), cached, config, tmp_path / "run", resume=False)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in lines] == [2, 4] and lines == json.loads(json.dumps(result["history"]))
+    assert {"train_loss", "eval_loss", "eval_acc", "lr", "minutes"} <= set(lines[0])

@@ -27,7 +27,9 @@ def sample_anchors(
     b, s = loss_mask.shape
     valid = torch.zeros_like(loss_mask, dtype=torch.bool)
     valid[:, :-1] = loss_mask[:, :-1].bool() & loss_mask[:, 1:].bool()
-    scores = torch.rand(b, s, generator=generator, device=loss_mask.device)
+    # Drawn where the generator lives (the trainer's is on the CPU, so a GPU run draws the same anchors).
+    scores = torch.rand(b, s, generator=generator, device=generator.device if generator is not None
+                        else loss_mask.device).to(loss_mask.device)
     scores = scores.masked_fill(~valid, -1.0)
     k = min(num_anchors, s)
     top = scores.topk(k, dim=1)

@@ -47,6 +47,10 @@ class TrainConfig:
     max_eval_sequences: int = 64
     seed: int = 0
     attention: str = "dense"
+    #: Rank 0 appends every logged record (the periodic evaluation) to this JSONL file, and
+    #: to TensorBoard event files in ``tensorboard_dir`` when given (needs ``tensorboard``).
+    log_path: str | None = None
+    tensorboard_dir: str | None = None
     #: "bf16" runs forward and backward under bf16 autocast (weights and optimizer stay fp32):
     #: 1.3x the steps per minute on a 2-core AVX512-BF16 CPU (the demo drafter's run records).
     precision: str = "fp32"
@@ -137,6 +141,49 @@ class TargetFeatures:
                           output_hidden_states=True, use_cache=False, logits_to_keep=1)
         feats, final = _layer_features(out.hidden_states, self.layer_ids)
         return feats.float(), final.float()
+
+
+def _to(tensors: Any, device: torch.device) -> Any:
+    """A batch (dict or tuple of tensors) on ``device``; a no-op on the CPU."""
+    if isinstance(tensors, dict):
+        return {k: v.to(device) for k, v in tensors.items()}
+    return tuple(t.to(device) for t in tensors)
+
+
+class MetricsLog:
+    """The logged training records as JSONL (one ``write`` per line, appended: a kill loses at
+    most the line being written, which readers skip) and, optionally, TensorBoard scalars."""
+
+    def __init__(self, path: str | None, tensorboard_dir: str | None = None) -> None:
+        self.path = path
+        self.writer = None
+        if tensorboard_dir:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise DFlashConfigError(f"tensorboard_dir={tensorboard_dir!r} needs the tensorboard package "
+                                        f"(pip install tensorboard): {err}") from None
+            self.writer = SummaryWriter(tensorboard_dir)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.path:
+            line = (json.dumps(record, default=float) + "\n").encode()
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        if self.writer is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.writer.add_scalar(key, value, record["step"])
+                elif isinstance(value, list):
+                    for i, item in enumerate(value):
+                        self.writer.add_scalar(f"{key}/{i + 1}", item, record["step"])
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
 
 
 def _token_batch(seqs: list[Sequence], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -239,12 +286,14 @@ def train(
             print(f"resumed from {ckpt} at step {step} ({elapsed / 60:.1f} min trained)")
     gen = torch.Generator().manual_seed(config.seed + step)
     with_final = config.distill_weight > 0
+    device = next(online.drafter.parameters()).device
     model = online
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         # The frozen embedding / lm_head are buffers, equal on every rank: not re-broadcast each step.
-        model = DistributedDataParallel(online, broadcast_buffers=False)
+        model = DistributedDataParallel(online, broadcast_buffers=False,
+                                        device_ids=[device.index] if device.type == "cuda" else None)
 
     def progress() -> float:
         p = step / config.max_steps
@@ -260,6 +309,7 @@ def train(
 
     bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step",
                mininterval=5.0, disable=rank != 0)
+    logger = MetricsLog(config.log_path if rank == 0 else None, config.tensorboard_dir if rank == 0 else None)
     window: dict[str, Any] = {"loss": 0.0, "n": 0, "correct": None, "count": None}
     online.train()
     while progress() < 1.0:
@@ -270,14 +320,15 @@ def train(
             group["lr"] = lr
         with _autocast(online, config.precision):
             if world > 1:
-                ids, mask, _ = _token_batch(chosen)
+                ids, mask, _ = _to(_token_batch(chosen), device)
                 anchors, keep = sample_anchors(mask, online.num_anchors, gen)
                 total = online.label_weight_total(ids, mask, anchors, keep)
                 rows = torch.tensor_split(torch.arange(len(chosen)), world)[rank]
-                local = _batch([chosen[i] for i in rows], with_final, features, width=ids.shape[1])
+                local = _to(_batch([chosen[i] for i in rows], with_final, features, width=ids.shape[1]), device)
+                rows = rows.to(device)
                 out_step = model(**local, anchors=(anchors[rows], keep[rows]), weight_total=total, scale=float(world))
             else:
-                out_step = model(**_batch(chosen, with_final, features), generator=gen)
+                out_step = model(**_to(_batch(chosen, with_final, features), device), generator=gen)
         opt.zero_grad(set_to_none=True)
         out_step["loss"].backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -302,6 +353,7 @@ def train(
             record = {"step": step, "minutes": elapsed / 60, "lr": lr, "train_loss": window["loss"] / window["n"],
                       "train_acc": acc, **ev}
             history.append(record)
+            logger.write(record)
             bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(a, 3) for a in v] if isinstance(v, list) else v)
                                   for k, v in record.items()}))
         if step % config.log_every == 0:
@@ -315,6 +367,7 @@ def train(
         if step % config.save_every == 0:
             save()
     bar.close()
+    logger.close()
     save()
     if world > 1:
         dist.barrier()
@@ -370,7 +423,7 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
     batches = [seqs[i : i + config.batch_size] for i in range(0, len(seqs), config.batch_size)]
     for chunk in batches:
         with _autocast(online, config.precision):
-            out = online(**_batch(chunk, with_final, features), generator=gen)
+            out = online(**_to(_batch(chunk, with_final, features), next(online.parameters()).device), generator=gen)
         loss += float(out["loss"])
         correct = out["correct"] if correct is None else correct + out["correct"]
         count = out["count"] if count is None else count + out["count"]
