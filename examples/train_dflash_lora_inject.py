@@ -136,10 +136,12 @@ def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
                                          lora_target_modules=list(args.lora_targets), lora_rank=args.lora_rank,
                                          lora_alpha=args.lora_alpha)
     fingerprint = target_fingerprint(model, tokenizer)
-    # The data dir may be a DFlash work dir's (its fingerprint then speaks for it) or its own.
+    # The data dir may be a DFlash work dir's (its fingerprint then speaks for it) or its own; one
+    # made by hand (no fingerprint anywhere) is adopted with a warning.
     data_dir = Path(args.data_dir)
-    claim_work_dir(data_dir.parent if (data_dir.parent / FINGERPRINT_FILE).is_file() else data_dir,
-                   {"target": fingerprint}, argument="--data_dir")
+    owned_by_work_dir = (data_dir.parent / FINGERPRINT_FILE).is_file()
+    claim_work_dir(data_dir.parent if owned_by_work_dir else data_dir, {"target": fingerprint},
+                   argument="--data_dir", adopt=not owned_by_work_dir)
     claim_work_dir(args.work_dir, {
         "target": fingerprint,
         "drafter": {"kind": "lora_inject", "block_size": args.block_size, "mask_token_id": args.mask_token_id,

@@ -368,6 +368,8 @@ class Tokenized:
     input_ids: list[int]
     loss_mask: list[bool]
     answer_start: int  # the first assistant token: everything before is prompt
+    truncated: bool  # turns were dropped or the first answer cut to fit max_seq_len
+    turns_without_loss: int = 0  # assistant turns kept whose tokens could not be located
 
 
 def tokenize_for_dataset_answers(tokenizer: Any, conversation: Conversation, max_seq_len: int,
@@ -392,10 +394,15 @@ def tokenize_for_dataset_answers(tokenizer: Any, conversation: Conversation, max
     if first.start >= max_seq_len:
         raise DFlashInputError(f"its prompt ({first.start} tokens before the first answer) leaves no room for an "
                                f"answer within --max_seq_len {max_seq_len}")
-    if len(ids) > max_seq_len:
+    truncated = len(ids) > max_seq_len
+    if truncated:
         fitting = [s for s in located if s.cut <= max_seq_len]
         if fitting:
             ids, located = ids[: fitting[-1].cut], fitting
         else:
             ids, located = ids[:max_seq_len], [first]
-    return Tokenized(conversation, ids, loss_mask_of(len(ids), located), first.start)
+    # Turns that could not be located and are still in the (possibly cut) sequence.
+    kept_up_to = located[-1].message
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    unlocated = sum(span is None and (not truncated or i < kept_up_to) for i, span in zip(turns, spans))
+    return Tokenized(conversation, ids, loss_mask_of(len(ids), located), first.start, truncated, unlocated)

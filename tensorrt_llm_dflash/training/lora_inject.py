@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import DFlashConfigError
 from ..lora_inject import ContextKV, DFlashLoRAInjectDraftModel
-from .data import Sequence, readable_shards
+from .data import Sequence, readable_shards, shard_loss_masks
 from .model import block_metrics, copyable_anchors, sample_anchors, training_mask_bool
 
 
@@ -42,11 +42,9 @@ def load_token_sequences(data_dir: str | Path) -> list[Sequence]:
         raise DFlashConfigError(f"no readable shard_*.pt files in {str(data_dir)!r}")
     sequences = []
     for _, data in shards:
-        for ids, start in zip(data["input_ids"], data["answer_start"]):
+        for ids, mask in zip(data["input_ids"], shard_loss_masks(data)):
             ids = ids.long().clone()
-            mask = torch.zeros(len(ids), dtype=torch.bool)
-            mask[int(start):] = True
-            sequences.append(Sequence(ids, mask, torch.zeros(len(ids), 0), None))
+            sequences.append(Sequence(ids, mask.clone(), torch.zeros(len(ids), 0), None))
     return sequences
 
 

@@ -75,14 +75,15 @@ def _differences(recorded: dict[str, Any], current: dict[str, Any], prefix: str 
 
 
 def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tuple[str, ...] = (),
-                   argument: str = "--work_dir") -> None:
+                   argument: str = "--work_dir", adopt: bool = False) -> None:
     """Record ``fingerprint`` in a new work dir, or refuse one made for something else.
 
     ``fingerprint`` maps section names ("target", "data", "drafter") to plain dicts; the
     sections in ``renew`` are recorded anew instead of compared (the drafter's shape may
     change when training starts over with ``--no_resume``). A work dir that already holds
     data or a checkpoint but no fingerprint is refused too: what it was made with cannot be
-    known. ``argument`` is the command-line flag the directory came from, for the messages.
+    known, unless ``adopt`` (a data dir made by hand): it is then recorded for this target,
+    with a warning. ``argument`` is the command-line flag the directory came from, for the messages.
     """
     work = Path(work_dir)
     path = work / FINGERPRINT_FILE
@@ -105,7 +106,10 @@ def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tup
         return
     leftovers = [p.name for p in (work / "checkpoint.pt", work / "data") if p.exists()]
     leftovers += sorted(p.name for p in work.glob("shard_*.pt"))[:1]  # a bare data dir
-    if leftovers:
+    if leftovers and adopt:
+        print(f"warning: {argument} {str(work)!r} has no {FINGERPRINT_FILE}: where its {leftovers} came from is "
+              "unknown; it is recorded as made for this target from now on")
+    elif leftovers:
         raise DFlashConfigError(
             f"{argument} {str(work)!r} holds {leftovers} but no {FINGERPRINT_FILE}, so what they were made "
             f"from is unknown: use another {argument} (or delete this one)"
