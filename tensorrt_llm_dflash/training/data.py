@@ -169,7 +169,8 @@ class _ShardWriter:
     overwrites a good shard), the running counts, and the time budget, whose clock counts
     every invocation (kept in ``meta.json`` after every shard)."""
 
-    def __init__(self, out_dir: str | Path, time_budget_s: float | None) -> None:
+    def __init__(self, out_dir: str | Path, time_budget_s: float | None, store_features: bool = True) -> None:
+        self.store_features = store_features
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         remove_stale_temporaries(self.out)
@@ -194,6 +195,9 @@ class _ShardWriter:
         return self.time_budget_s is not None and self.seconds() > self.time_budget_s
 
     def write(self, data: dict[str, Any]) -> None:
+        if not self.store_features:  # --features online: the target recomputes them in every training step
+            for key in ("features", "final_hidden"):
+                data[key] = [torch.zeros(len(ids), 0, dtype=torch.bfloat16) for ids in data["input_ids"]]
         atomic_torch_save(data, self.out / f"shard_{self.index:05d}.pt")
         self.index += 1
         _count(self.stats, data)
@@ -231,6 +235,7 @@ def build_distillation_data(
     batch_size: int = 48,
     time_budget_s: float | None = None,
     max_prompt_tokens: int = 384,
+    store_features: bool = True,
 ) -> dict[str, Any]:
     """Write shards ``shard_00000.pt ...`` and ``meta.json`` into ``out_dir``; resumable.
 
@@ -240,7 +245,7 @@ def build_distillation_data(
     padded to its longest prompt, so one outlier would multiply the whole batch's cost.
     """
     stop_ids, pad_id = _stop_and_pad_ids(model)
-    writer = _ShardWriter(out_dir, time_budget_s)
+    writer = _ShardWriter(out_dir, time_budget_s, store_features)
     done: set[tuple[int, ...]] = set()
     for data in writer.existing:
         done.update(tuple(ids[:start].tolist()) for ids, start in zip(data["input_ids"], data["answer_start"]))
@@ -301,6 +306,7 @@ def build_conversation_data(
     strict: bool = False,
     source: str = "dataset",
     seed: int = 0,
+    store_features: bool = True,
 ) -> dict[str, Any]:
     """The user's conversations as shards (format: the module docstring); resumable.
 
@@ -323,7 +329,7 @@ def build_conversation_data(
     if answers not in ("regenerate", "dataset"):
         raise DFlashInputError(f"answers={answers!r} must be regenerate or dataset")
     stop_ids, pad_id = _stop_and_pad_ids(model)
-    writer = _ShardWriter(out_dir, time_budget_s)
+    writer = _ShardWriter(out_dir, time_budget_s, store_features)
     done = Counter(key for data in writer.existing for key in data.get("conversation_key", []))
     report = _SkipReport(source, strict)
     order = list(range(len(conversations)))
@@ -372,7 +378,8 @@ def build_conversation_data(
                       f"{len(batches)} new batches ({len(writer.existing)} from earlier runs)")
             break
         if answers == "dataset":
-            captured = capture_hidden_states(model, [t.input_ids for _, t in batch], layer_ids, pad_id)
+            captured = (capture_hidden_states(model, [t.input_ids for _, t in batch], layer_ids, pad_id)
+                        if store_features else [(None, None)] * len(batch))  # online: no target pass here
             built = [_Built(t.conversation, index, t.input_ids, t.loss_mask, f, h)
                      for (index, t), (f, h) in zip(batch, captured)]
         else:
