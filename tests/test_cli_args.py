@@ -112,6 +112,12 @@ def _cases(d: Path) -> list[tuple[str, list[str], str]]:
     add("train_dflash", train[2:], "--output_dir", [f])
     add("train_dflash", train[:2], "--work_dir", [f])
     add("train_dflash", train, "--target_model_dir", [missing])
+    add("train_dflash", train, "--features", ["disk"])
+    add("train_dflash", train, "--device", ["tpu"] + ([] if torch.cuda.is_available() else ["cuda"]))
+    add("train_dflash", train, "--seed", ["-1", "1e21"])
+    add("train_dflash", train, "--dataset", [missing, str(d)])
+    add("train_dflash", train, "--answers", ["dataset"])  # without --dataset
+    add("train_dflash", train, "--max_seq_len", ["8", "x"])
     cases.append(("train_dflash", ["--output_dir", str(d / "same"), "--work_dir", str(d / "same")], "--output_dir"))
     # examples/train_dflash_lora_inject.py
     add("train_dflash_lora_inject", lora, "--lora_rank", ["0", "-8"])
