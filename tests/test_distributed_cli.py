@@ -62,6 +62,31 @@ def _torchrun(argv, **kwargs):
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, **kwargs)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def _log(work):
     return [json.loads(line) for line in (Path(work) / "train_log.jsonl").read_text().splitlines()]
 
@@ -93,7 +118,7 @@ def test_a_killed_two_rank_run_resumes_with_one_rank_to_a_lossless_drafter(setup
     root, target, dataset = setup
     work, out = root / "wk", root / "dk"
     argv = _argv(target, dataset, work, out, 400, "--save_every", "10", "--log_every", "50")
-    proc = _torchrun(argv, start_new_session=True)
+    proc = _torchrun(argv)
     ckpt, step = work / "checkpoint.pt", 0
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
@@ -103,14 +128,23 @@ def test_a_killed_two_rank_run_resumes_with_one_rank_to_a_lossless_drafter(setup
                 break
         time.sleep(0.05)
     assert proc.poll() is None, "the run ended before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, mid-training
+    # torchrun starts each rank in a session of its own, so killing torchrun's group would leave
+    # the ranks running: every process of the job gets SIGKILL, at once.
+    job = [proc.pid, *_descendants(proc.pid)]
+    assert len(job) >= 3, job  # torchrun and two ranks
+    for pid in job:
+        os.kill(pid, signal.SIGKILL)
     proc.wait(60)
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in job[1:]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in job[1:])
     killed_at = torch.load(ckpt, weights_only=False)["step"]
     assert 60 <= killed_at < 400 and not out.exists()
 
     assert _train_module().main(argv) == 0  # one rank, same command
     log = _log(work)
-    assert log[-1]["step"] == 400
+    assert [r["step"] for r in log] == list(range(50, 401, 50))  # one record per logged step, resumed or not
     state = torch.load(ckpt, weights_only=False)
     assert state["step"] == 400 and state["history"][0]["step"] == 50  # the history of the 2-rank part survives
     model, _ = load_target(target, dtype=torch.float64)

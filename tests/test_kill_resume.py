@@ -94,7 +94,7 @@ def pick_kill(rng: random.Random, marker: str, remaining_writes: int, kills_need
 def check_work_dir(work: Path) -> dict:
     """Everything a resumed run reads must load; returns the state (data complete, step)."""
     state = {"data_complete": False, "step": None, "shards": 0}
-    allowed = {"fingerprint.json", "data", "checkpoint.pt"}
+    allowed = {"fingerprint.json", "data", "checkpoint.pt", "train_log.jsonl"}
     if not work.exists():
         return state
     visible = {p.name for p in work.iterdir() if not p.name.startswith(".")}
@@ -117,6 +117,9 @@ def check_work_dir(work: Path) -> dict:
         ckpt = torch.load(work / "checkpoint.pt", weights_only=False)
         assert {"drafter", "optimizer", "step"} <= set(ckpt)
         state["step"] = ckpt["step"]
+    if (work / "train_log.jsonl").exists():  # every line whole (each is one append)
+        for line in (work / "train_log.jsonl").read_text().splitlines():
+            assert isinstance(json.loads(line)["step"], int)
     return state
 
 

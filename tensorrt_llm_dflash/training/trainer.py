@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from ..config import DFlashDraftConfig, build_target_layer_ids
 from ..drafter import DFlashDraftModel, save_dflash_drafter
 from ..errors import DFlashConfigError
-from ..files import atomic_torch_save, atomic_write_json, publish_dir, remove_stale_temporaries
+from ..files import atomic_torch_save, atomic_write_json, atomic_write_text, publish_dir, remove_stale_temporaries
 from .data import Sequence
 from .model import OnlineDFlashModel, cosine_lr, sample_anchors
 
@@ -151,11 +151,18 @@ def _to(tensors: Any, device: torch.device) -> Any:
 
 
 class MetricsLog:
-    """The logged training records as JSONL (one ``write`` per line, appended: a kill loses at
-    most the line being written, which readers skip) and, optionally, TensorBoard scalars."""
+    """The logged training records as JSONL and, optionally, TensorBoard scalars.
 
-    def __init__(self, path: str | None, tensorboard_dir: str | None = None) -> None:
+    The file is first rewritten (atomically) with the records the checkpoint holds, so after
+    a resume it tells the history of the weights being trained, without the records a killed
+    run logged past its last checkpoint; then each new record is appended in one ``write``.
+    """
+
+    def __init__(self, path: str | None, tensorboard_dir: str | None = None,
+                 history: list[dict[str, Any]] | None = None) -> None:
         self.path = path
+        if path:
+            atomic_write_text(path, "".join(self._line(r) for r in history or []))
         self.writer = None
         if tensorboard_dir:
             try:
@@ -167,7 +174,7 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.path:
-            line = (json.dumps(record, default=float) + "\n").encode()
+            line = self._line(record).encode()
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             try:
                 os.write(fd, line)
@@ -180,6 +187,10 @@ class MetricsLog:
                 elif isinstance(value, list):
                     for i, item in enumerate(value):
                         self.writer.add_scalar(f"{key}/{i + 1}", item, record["step"])
+
+    @staticmethod
+    def _line(record: dict[str, Any]) -> str:
+        return json.dumps(record, default=float) + "\n"
 
     def close(self) -> None:
         if self.writer is not None:
@@ -309,7 +320,7 @@ def train(
 
     bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step",
                mininterval=5.0, disable=rank != 0)
-    logger = MetricsLog(config.log_path if rank == 0 else None, config.tensorboard_dir if rank == 0 else None)
+    logger = MetricsLog(config.log_path if rank == 0 else None, config.tensorboard_dir if rank == 0 else None, history)
     window: dict[str, Any] = {"loss": 0.0, "n": 0, "correct": None, "count": None}
     online.train()
     while progress() < 1.0:
