@@ -139,9 +139,13 @@ def generate_with_hidden_states(
     return results
 
 
-def _layer_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    feats = torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1).to(torch.bfloat16).cpu()
-    return feats, hidden_states[-1].to(torch.bfloat16).cpu()
+def _layer_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int],
+                    to_cpu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the drafter's features, the final normed hidden state), rounded to bf16; on the CPU
+    for the shards, or left on the target's device (online features)."""
+    feats = torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1).to(torch.bfloat16)
+    final = hidden_states[-1].to(torch.bfloat16)
+    return (feats.cpu(), final.cpu()) if to_cpu else (feats, final)
 
 
 @torch.inference_mode()

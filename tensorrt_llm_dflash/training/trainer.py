@@ -132,14 +132,15 @@ class TargetFeatures:
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(features [b, s, K*H], final normed hidden [b, s, H]) for a right-padded batch, float32."""
+        """(features [b, s, K*H], final normed hidden [b, s, H]) for a right-padded batch, float32,
+        on the target's device."""
         from .data import _layer_features
 
         device = self.target.device
         attention = (torch.arange(input_ids.shape[1])[None] < lengths[:, None]).long()
         out = self.target(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                           output_hidden_states=True, use_cache=False, logits_to_keep=1)
-        feats, final = _layer_features(out.hidden_states, self.layer_ids)
+        feats, final = _layer_features(out.hidden_states, self.layer_ids, to_cpu=False)
         return feats.float(), final.float()
 
 
@@ -216,7 +217,7 @@ def _batch(seqs: list[Sequence], with_final: bool, features: TargetFeatures | No
     if features is not None:
         feats, final = features(ids, lengths)
         # Padding rows are zero, as in the cached batch (no block reads them; equal batches either way).
-        pad = (torch.arange(s)[None] >= lengths[:, None])[:, :, None]
+        pad = (torch.arange(s)[None] >= lengths[:, None])[:, :, None].to(feats.device)
         out["features"] = feats.masked_fill(pad, 0.0)
         if with_final:
             out["final_hidden"] = final.masked_fill(pad, 0.0)
