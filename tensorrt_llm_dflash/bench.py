@@ -26,7 +26,6 @@ reported as a match rate instead and never fails the run.
 
 from __future__ import annotations
 
-import codecs
 import io
 import json
 import math
@@ -42,7 +41,7 @@ import torch
 from . import precision
 from .decode import STAGES, speculative_generate
 from .errors import DFlashConfigError, DFlashError, DFlashInputError
-from .files import atomic_write, atomic_write_text
+from .files import atomic_write, atomic_write_text, utf8_text
 from .sampling import SamplingParams
 from .tree import validate_budget
 
@@ -212,9 +211,6 @@ def _humaneval_prompts() -> list[Prompt]:
     return [Prompt(text=problem["prompt"]) for problem in read_problems().values()]  # file order
 
 
-# Longest first: the UTF-32 LE mark starts with the UTF-16 LE one.
-_FOREIGN_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32 (little-endian)"), (codecs.BOM_UTF32_BE, "UTF-32 (big-endian)"),
-                 (codecs.BOM_UTF16_LE, "UTF-16 (little-endian)"), (codecs.BOM_UTF16_BE, "UTF-16 (big-endian)"))
 
 
 def _jsonl_prompts(path: Path) -> list[Prompt]:
@@ -228,37 +224,12 @@ def _jsonl_prompts(path: Path) -> list[Prompt]:
         raise DFlashInputError(f"--dataset {str(path)!r} cannot be read: {err.strerror or err}") from None
     prompts = []
     # Universal newlines, as reading the file in text mode would split it.
-    for lineno, line in enumerate(io.StringIO(_utf8_text(data, path), newline=None), start=1):
+    for lineno, line in enumerate(io.StringIO(utf8_text(data, path, "prompt"), newline=None), start=1):
         if line.strip():
             prompts.append(_parse_prompt_line(line, f"{path}:{lineno}"))
     if not prompts:
         raise DFlashInputError(f"{path} holds no prompts")
     return prompts
-
-
-def _utf8_text(data: bytes, path: Path) -> str:
-    """The file's text; anything but UTF-8 is a DFlashInputError naming the file, line and problem."""
-    for bom, name in _FOREIGN_BOMS:
-        if data.startswith(bom):
-            raise DFlashInputError(f"{path}: the file is {name} encoded (it starts with a {name} byte-order "
-                                   "mark); prompt files must be UTF-8: convert it, e.g. with iconv -t UTF-8")
-    data = data.removeprefix(codecs.BOM_UTF8)  # a UTF-8 byte-order mark is harmless
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line, column = _line_column(data, err.start)
-        raise DFlashInputError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at column {column}: "
-                               f"{err.reason}); prompt files must be UTF-8") from None
-    if "\0" in text:  # never in JSON text; ASCII in UTF-16/32 without a byte-order mark
-        line, column = _line_column(data, data.index(b"\0"))
-        raise DFlashInputError(f"{path}:{line}: a NUL byte at column {column}: the file looks UTF-16 or UTF-32 "
-                               "encoded without a byte-order mark; prompt files must be UTF-8")
-    return text
-
-
-def _line_column(data: bytes, offset: int) -> tuple[int, int]:
-    """1-based line and byte column of ``offset``."""
-    return data.count(b"\n", 0, offset) + 1, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
 
 
 def _parse_prompt_line(line: str, where: str) -> Prompt:

@@ -69,6 +69,16 @@ _SCHEMA: dict[str, tuple[str, bool, int | None, int | None]] = {
 _JSON_NAME = {"mask_token_id": "dflash_config.mask_token_id", "target_layer_ids": "dflash_config.target_layer_ids"}
 
 
+def read_json(path: Path, label: str) -> Any:
+    """A JSON file's content; an unreadable or malformed file is a DFlashConfigError led by ``label``."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DFlashConfigError(f"{label} is not valid JSON: {err}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise DFlashConfigError(f"{label} cannot be read: {type(err).__name__}: {err}") from err
+
+
 def is_integer(value: Any) -> bool:
     """A true integer: int (numpy ints too), never bool, never a float such as 576.0."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
@@ -401,12 +411,7 @@ class DFlashDraftConfig:
         config_path = Path(path) / "config.json"
         if not config_path.is_file():
             raise DFlashConfigError(f"drafter directory {str(path)!r} has no config.json")
-        try:
-            raw = json.loads(config_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise DFlashConfigError(f"{config_path} is not valid JSON: {err}") from err
-        except (OSError, UnicodeDecodeError) as err:
-            raise DFlashConfigError(f"{config_path} cannot be read: {type(err).__name__}: {err}") from err
+        raw = read_json(config_path, str(config_path))
         try:
             return cls.from_dict(raw)
         except DFlashConfigError as err:

@@ -11,6 +11,7 @@ data reach the disk, which is the half-written file this module exists to preven
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import ctypes.util
@@ -22,6 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import IO, Any
+
+from .errors import DFlashInputError
 
 _TMP_TAG = ".tmp-"
 _STAGING_TAG = ".staging-"
@@ -57,21 +60,28 @@ def _write_stream(f: IO[Any], write: Callable[[IO[Any]], None]) -> None:
     write(f)
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[Any]], None], binary: bool = True) -> Path:
-    """Call ``write(f)`` on a temporary sibling of ``path``, then rename it onto ``path``."""
-    path = Path(path)
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Path]:
+    """A temporary sibling of ``path`` to write; renamed onto ``path`` if the block succeeds,
+    deleted if it fails (the caller fsyncs it: it alone knows how the file was written)."""
     tmp = _temp_sibling(path, _TMP_TAG)
     try:
-        with open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
-            _write_stream(f, write)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
     _fsync_dir(path.parent)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[Any]], None], binary: bool = True) -> Path:
+    """Call ``write(f)`` on a temporary sibling of ``path``, then rename it onto ``path``."""
+    path = Path(path)
+    with _replacing(path) as tmp, open(tmp, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        _write_stream(f, write)
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
@@ -95,18 +105,11 @@ def atomic_save_safetensors(tensors: dict[str, Any], path: str | Path, metadata:
     from safetensors.torch import save_file
 
     path = Path(path)
-    tmp = _temp_sibling(path, _TMP_TAG)
-    try:
+    with _replacing(path) as tmp:
         save_file(tensors, str(tmp), metadata=metadata)
         _usual_mode(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
     return path
 
 
@@ -202,3 +205,36 @@ def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+# ------------------------------------------------------------------ reading text files
+
+# Longest first: the UTF-32 LE mark starts with the UTF-16 LE one.
+_FOREIGN_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32 (little-endian)"), (codecs.BOM_UTF32_BE, "UTF-32 (big-endian)"),
+                 (codecs.BOM_UTF16_LE, "UTF-16 (little-endian)"), (codecs.BOM_UTF16_BE, "UTF-16 (big-endian)"))
+
+
+def utf8_text(data: bytes, path: Path, kind: str) -> str:
+    """A file's bytes as text; anything but UTF-8 is a DFlashInputError naming the file, the
+    line and the problem (``kind``: "prompt", "dataset": whose files must be UTF-8)."""
+    for bom, name in _FOREIGN_BOMS:
+        if data.startswith(bom):
+            raise DFlashInputError(f"{path}: the file is {name} encoded (it starts with a {name} byte-order mark); "
+                                   f"{kind} files must be UTF-8: convert it, e.g. with iconv -t UTF-8")
+    data = data.removeprefix(codecs.BOM_UTF8)  # a UTF-8 byte-order mark is harmless
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, column = _line_column(data, err.start)
+        raise DFlashInputError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at column {column}: "
+                               f"{err.reason}); {kind} files must be UTF-8") from None
+    if "\0" in text:  # never in JSON text; ASCII in UTF-16/32 without a byte-order mark
+        line, column = _line_column(data, data.index(b"\0"))
+        raise DFlashInputError(f"{path}:{line}: a NUL byte at column {column}: the file looks UTF-16 or UTF-32 "
+                               f"encoded without a byte-order mark; {kind} files must be UTF-8")
+    return text
+
+
+def _line_column(data: bytes, offset: int) -> tuple[int, int]:
+    """1-based line and byte column of ``offset``."""
+    return data.count(b"\n", 0, offset) + 1, offset - (data.rfind(b"\n", 0, offset) + 1) + 1

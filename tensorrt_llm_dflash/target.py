@@ -98,15 +98,10 @@ def check_target_config(directory: Path) -> dict[str, Any]:
     object, a DFlash drafter directory given as the target, size fields that are not
     positive integers, and a rope_scaling whose type transformers does not know.
     """
-    from .config import is_integer, json_kind
+    from .config import is_integer, json_kind, read_json
 
     path = Path(directory) / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DFlashConfigError(f"target config {path} is not valid JSON: {err}") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise DFlashConfigError(f"target config {path} cannot be read: {type(err).__name__}: {err}") from err
+    raw = read_json(path, f"target config {path}")
     if not isinstance(raw, dict):
         text = repr(raw)
         raise DFlashConfigError(

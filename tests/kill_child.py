@@ -10,13 +10,10 @@ pause inside every safetensors save), so random kills land inside writes often.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Imported once by the forkserver: everything the CLIs import on the way to their work, so a
 #: child starts in a fraction of a second (the first model load alone imports ~2 s of modules).
 PRELOAD = ["torch", "transformers", "transformers.models.auto.auto_factory", "transformers.modeling_layers",
@@ -77,11 +74,9 @@ def run_cli(script: str, argv: list[str], log_path: str, slow: bool) -> None:
     tqdm.set_lock(threading.RLock())  # tqdm's default multiprocessing lock would outlive a killed child
     if slow:
         _slow_down_writes()
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(f"cli_{script}", ROOT / "examples" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    rc = module.main(argv)
+    from example_cli import load_example
+
+    rc = load_example(script).main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)

@@ -8,7 +8,6 @@ booby-trapped for the whole test, so a value that slips through parsing fails lo
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,17 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from example_cli import load_example
 
 ROOT = Path(__file__).resolve().parents[1]
 NON_UTF8 = os.fsdecode(b"caf\xe9 \xff")  # Latin-1 bytes on a UTF-8 command line
-
-
-def _module(script: str):
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location(f"cli_args_{script}", ROOT / "examples" / f"{script}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +159,7 @@ MODULES: dict[str, object] = {}
 
 def _run(script: str, argv: list[str], capsys, monkeypatch) -> tuple[int, str]:
     if script not in MODULES:
-        MODULES[script] = _module(script)
+        MODULES[script] = load_example(script)
     module = MODULES[script]
     for name in ("load_target", "load_dflash_drafter"):
         if hasattr(module, name):

@@ -3,13 +3,12 @@ mask on assistant tokens, the truncation rule, and train_dflash end to end."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from example_cli import load_example
 from tiny_dirs import char_tokenizer, save_tiny_target_dir
 from tiny_models import tiny_target
 
@@ -31,7 +30,6 @@ from tensorrt_llm_dflash.training.datasets import (
     tokenize_for_dataset_answers,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Role-marked chat template for the char tokenizer: a generation prompt ("a:") and an end of
 #: turn ("<eos>", the stop token) followed by template glue ("\n").
 ROLE_TEMPLATE = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}<eos>\n{% endfor %}"
@@ -53,11 +51,7 @@ TINY = ["--max_new_tokens", "4", "--train_minutes", "0", "--max_steps", "3", "--
 
 
 def _example():
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("datasets_train_dflash", ROOT / "examples" / "train_dflash.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("train_dflash")
 
 
 @pytest.fixture(scope="module")

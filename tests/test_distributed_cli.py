@@ -7,7 +7,6 @@ ranks sum their gradients in another order than one process does)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from example_cli import load_example
 from test_distributed_training import _free_port
 from tiny_dirs import save_tiny_target_dir
 
@@ -32,11 +32,7 @@ LINES = [
 
 
 def _train_module():
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("ddp_cli_train_dflash", ROOT / "examples" / "train_dflash.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("train_dflash")
 
 
 @pytest.fixture(scope="module")

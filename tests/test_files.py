@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from example_cli import load_example
 from tiny_dirs import save_tiny_target_dir
 from tiny_models import tiny_drafter, tiny_target
 
@@ -141,15 +142,7 @@ def test_a_damaged_checkpoint_is_set_aside_and_training_starts_over(tmp_path, ca
 
 def test_work_dir_refuses_a_second_target_of_the_same_shape(tmp_path, capsys):
     """The reported defect: a second target of the same shape reused the first one's data and checkpoint."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "examples"))
-    spec = importlib.util.spec_from_file_location("files_train_dflash", root / "examples" / "train_dflash.py")
-    train_dflash = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train_dflash)
+    train_dflash = load_example("train_dflash")
 
     first = save_tiny_target_dir(tmp_path / "first", seed=1)
     second = save_tiny_target_dir(tmp_path / "second", seed=2)  # same config, same tokenizer, other weights
@@ -174,19 +167,6 @@ def test_work_dir_refuses_a_second_target_of_the_same_shape(tmp_path, capsys):
     assert "no fingerprint.json" in capsys.readouterr().err
 
 
-def _example(name: str):
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path.insert(0, str(root / "examples"))
-    spec = importlib.util.spec_from_file_location(f"files_{name}", root / "examples" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_lora_inject_training_end_to_end_publishes_a_lossless_adapter_and_guards_its_data(tmp_path, capsys):
     """examples/train_dflash_lora_inject.py on the shards of a DFlash work dir: the adapter is
     published whole and decodes losslessly; another target may not train on those shards."""
@@ -197,11 +177,11 @@ def test_lora_inject_training_end_to_end_publishes_a_lossless_adapter_and_guards
 
     first = save_tiny_target_dir(tmp_path / "first", seed=1)
     work = tmp_path / "work"
-    assert _example("train_dflash").main([
+    assert load_example("train_dflash").main([
         "--target_model_dir", str(first), "--output_dir", str(tmp_path / "d1"), "--work_dir", str(work),
         "--num_prompts", "3", "--max_new_tokens", "4", "--data_minutes", "0", "--train_minutes", "0",
         "--max_steps", "1", "--log_every", "1", "--num_feature_layers", "2", "--threads", "1"]) == 0
-    lora = _example("train_dflash_lora_inject")
+    lora = load_example("train_dflash_lora_inject")
     common = ["--data_dir", str(work / "data"), "--train_minutes", "0", "--max_steps", "4", "--log_every", "2",
               "--block_size", "4", "--lora_rank", "4", "--threads", "1"]
     out = tmp_path / "adapter"

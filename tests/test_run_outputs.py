@@ -4,26 +4,18 @@ decoded text (multi-byte characters included)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from example_cli import load_example
 from tiny_dirs import save_tiny_target_dir
 
 from tensorrt_llm_dflash.errors import DFlashInputError
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def run_module():
-    sys.path.insert(0, str(ROOT / "examples"))
-    spec = importlib.util.spec_from_file_location("run_outputs_run", ROOT / "examples" / "run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("run")
 
 
 @pytest.fixture(scope="module")

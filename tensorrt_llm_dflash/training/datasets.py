@@ -30,7 +30,6 @@ loss.
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import io
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DFlashInputError
+from ..files import utf8_text
 
 ANSWER_MODES = ("regenerate", "dataset")
 ROLES = ("system", "user", "assistant")
@@ -48,9 +48,6 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
 SHAPE_KEYS = ("messages", "conversations", "prompt")
 _SHOWN = 60  # characters of an offending value quoted in a reason
 
-# Longest first: the UTF-32 LE mark starts with the UTF-16 LE one.
-_FOREIGN_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32 (little-endian)"), (codecs.BOM_UTF32_BE, "UTF-32 (big-endian)"),
-                 (codecs.BOM_UTF16_LE, "UTF-16 (little-endian)"), (codecs.BOM_UTF16_BE, "UTF-16 (big-endian)"))
 
 
 @dataclass(frozen=True)
@@ -138,7 +135,7 @@ def read_dataset(path: str | Path, answers: str = "regenerate", strict: bool = F
         data = path.read_bytes()
     except OSError as err:
         raise DFlashInputError(f"--dataset {str(path)!r} cannot be read: {err.strerror or err}") from None
-    text = _utf8_text(data, path)
+    text = utf8_text(data, path, "dataset")
     conversations: list[Conversation] = []
     bad: list[BadLine] = []
     lines = 0
@@ -266,31 +263,6 @@ def _check_order(messages: list[dict[str, str]], answers: str) -> None:
                                "(system messages must come first)")
     if answers == "dataset" and "assistant" not in roles:
         raise DFlashInputError("no assistant turn to learn from (--answers dataset keeps the dataset's answers)")
-
-
-def _utf8_text(data: bytes, path: Path) -> str:
-    """The file's text; anything but UTF-8 is a DFlashInputError naming the file, line and problem."""
-    for bom, name in _FOREIGN_BOMS:
-        if data.startswith(bom):
-            raise DFlashInputError(f"{path}: the file is {name} encoded (it starts with a {name} byte-order mark); "
-                                   "dataset files must be UTF-8: convert it, e.g. with iconv -t UTF-8")
-    data = data.removeprefix(codecs.BOM_UTF8)  # a UTF-8 byte-order mark is harmless
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line, column = _line_column(data, err.start)
-        raise DFlashInputError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[err.start]:02x} at column {column}: "
-                               f"{err.reason}); dataset files must be UTF-8") from None
-    if "\0" in text:  # never in JSON text; ASCII in UTF-16/32 without a byte-order mark
-        line, column = _line_column(data, data.index(b"\0"))
-        raise DFlashInputError(f"{path}:{line}: a NUL byte at column {column}: the file looks UTF-16 or UTF-32 "
-                               "encoded without a byte-order mark; dataset files must be UTF-8")
-    return text
-
-
-def _line_column(data: bytes, offset: int) -> tuple[int, int]:
-    """1-based line and byte column of ``offset``."""
-    return data.count(b"\n", 0, offset) + 1, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
 
 
 # ------------------------------------------------------------------ chat template
