@@ -28,7 +28,9 @@ from tensorrt_llm_dflash.precision import low_precision_warning  # noqa: E402
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="humaneval", help="'humaneval' or a .jsonl file of {\"prompt\": ...} lines")
+    ap.add_argument("--dataset", default="humaneval",
+                    help="'humaneval', 'chat' (the packaged chat prompt set: explanations, how-tos, advice, "
+                         "comparisons, stories, poems, summaries, rewrites) or a .jsonl file of {\"prompt\": ...} lines")
     ap.add_argument("--num_prompts", type=cli.integer(1), default=20, help="the first N prompts, in file order")
     ap.add_argument("--max_output_len", type=cli.integer(1, 1 << 20), default=128,
                     help="new tokens per prompt (fewer on EOS)")
@@ -63,11 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.parsed_methods = bench.parse_methods(args.methods)
     except DFlashInputError as err:
         cli.refuse(ap, "--methods", str(err))
-    if args.dataset != bench.HUMANEVAL:
+    if args.dataset not in (bench.HUMANEVAL, bench.CHAT):
         try:
             cli.existing_file(args.dataset)
         except argparse.ArgumentTypeError as err:
-            cli.refuse(ap, "--dataset", f"is neither 'humaneval' nor a JSONL file: {err}")
+            cli.refuse(ap, "--dataset", f"is neither 'humaneval', 'chat' nor a JSONL file: {err}")
     return args
 
 

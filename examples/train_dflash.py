@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import sys
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
-from tensorrt_llm_dflash.drafter import DFlashDraftModel  # noqa: E402
+from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
@@ -51,15 +52,20 @@ from tensorrt_llm_dflash.training.data import (  # noqa: E402
     build_distillation_data,
     load_distillation_data,
 )
-from tensorrt_llm_dflash.training.datasets import ANSWER_MODES, Dataset, read_dataset  # noqa: E402
+from tensorrt_llm_dflash.training.datasets import ANSWER_MODES, Conversation, Dataset, read_dataset  # noqa: E402
 from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
-from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap  # noqa: E402
+from tensorrt_llm_dflash.training.prompts import (  # noqa: E402
+    build_builtin_conversations,
+    build_prompt_set,
+    check_no_overlap,
+)
 from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
     PRECISIONS,
     TargetFeatures,
     TrainConfig,
     count_parameters,
     export,
+    init_from_drafter,
     init_from_target,
     make_drafter_config,
     suggest_drafter_shape,
@@ -68,6 +74,7 @@ from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
 from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint  # noqa: E402
 
 DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_CHAT_SHARE = 0.5
 BAD_LINES_FILE = "dataset_bad_lines.json"
 MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|reserved_special_token_0|>", "<unused0>", "<mask>")
 
@@ -107,6 +114,14 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--strict", action="store_true",
                     help="with --dataset: refuse the file at its first bad line (default: report every bad line "
                          "by number and skip it)")
+    ap.add_argument("--chat_share", type=cli.number(0.0, 0.95), default=DEFAULT_CHAT_SHARE,
+                    help="built-in set: share of chat conversations (explanations, advice, stories, summaries, "
+                         "follow-up turns; training/chat_prompts.py) mixed with the code prompts; 0: code and "
+                         "instructions only, the set of drafters before chat was added")
+    ap.add_argument("--init_drafter", type=cli.existing_path, default=None,
+                    help="start the draft layers from this exported drafter (same shape, target layers, block "
+                         "size and MASK token) instead of the target's last layers; its draft vocabulary is kept "
+                         "in the new one")
     ap.add_argument("--num_prompts", type=cli.integer(1), default=None,
                     help="default: the whole built-in set (with --dataset: the first N valid conversations)")
     ap.add_argument("--max_new_tokens", type=cli.integer(1, 1 << 16), default=128,
@@ -161,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
                             ("--strict", args.strict)):
             if given:
                 cli.refuse(ap, flag, "applies to --dataset only (the built-in prompt set is self-distilled as is)")
-    elif args.max_seq_len is None:
-        args.max_seq_len = DEFAULT_MAX_SEQ_LEN
+    else:
+        if args.chat_share != DEFAULT_CHAT_SHARE:
+            cli.refuse(ap, "--chat_share", "applies to the built-in prompt set only (not with --dataset)")
+        if args.max_seq_len is None:
+            args.max_seq_len = DEFAULT_MAX_SEQ_LEN
     if args.tensorboard:
         cli.require_module(ap, "--tensorboard", "tensorboard", "pip install tensorboard")
     if args.threads:
@@ -236,10 +254,31 @@ def load_dataset(args: argparse.Namespace) -> Dataset:
     return dataset
 
 
+def drafter_digest(path: str) -> str:
+    """What identifies a drafter to start from: the sha256 of its weight files."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(path).glob("*.safetensors")):
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def builtin_conversation(user_turns: tuple[str, ...], number: int) -> Conversation:
+    """User turns as a conversation to regenerate: empty assistant turns mark where the target answers."""
+    messages: list[dict[str, str]] = []
+    for turn in user_turns:
+        if messages:
+            messages.append({"role": "assistant", "content": ""})
+        messages.append({"role": "user", "content": turn})
+    return Conversation(messages=tuple(messages), line=number, shape="built-in")
+
+
 def data_fingerprint(args: argparse.Namespace, layer_ids: list[int], dataset: Dataset | None) -> dict:
     """What defines the data: the built-in set's section is unchanged from before --dataset existed."""
     if dataset is None:
-        return {"layer_ids": layer_ids, "max_new_tokens": args.max_new_tokens, "prompt_set": "built-in"}
+        data = {"layer_ids": layer_ids, "max_new_tokens": args.max_new_tokens, "prompt_set": "built-in"}
+        if args.chat_share > 0:  # absent at 0: work dirs made before chat was added still match
+            data["chat_share"] = args.chat_share
+        return data
     data = {"layer_ids": layer_ids, "prompt_set": "dataset", "dataset_sha256": dataset.sha256,
             "answers": args.answers, "max_seq_len": args.max_seq_len}
     if args.answers == "regenerate":
@@ -269,7 +308,8 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
         "target": target_fingerprint(model, tokenizer),
         "data": data_fingerprint(args, config.target_layer_ids, dataset),
         "drafter": {"layers": layers, "block_size": block, "mask_token_id": mask_id,
-                    "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab},
+                    "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab,
+                    **({"init_drafter": drafter_digest(args.init_drafter)} if args.init_drafter else {})},
     }, renew=("drafter",) if args.no_resume else ())
     if dataset is not None and dataset.bad:
         atomic_write_json(work / BAD_LINES_FILE, {"dataset": str(dataset.path), "lines": dataset.lines,
@@ -277,7 +317,20 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
     shape = (f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; drafter: {layers} "
              f"layers, block {block}, feature layers {config.target_layer_ids}, MASK id {mask_id}")
     time_budget_s = args.data_minutes * 60 if args.data_minutes else None
-    if dataset is None:
+    if dataset is None and args.chat_share > 0:
+        turns = build_builtin_conversations(args.chat_share, args.num_prompts)
+        check_no_overlap([t for conversation in turns for t in conversation])
+        conversations = [builtin_conversation(c, i + 1) for i, c in enumerate(turns)]
+        print(f"{shape}; {len(conversations)} conversations (chat share {args.chat_share})")
+        meta = build_conversation_data(work / "data", model, tokenizer, conversations, config.target_layer_ids,
+                                       answers="regenerate", max_seq_len=DEFAULT_MAX_SEQ_LEN,
+                                       max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                                       time_budget_s=time_budget_s, source="built-in prompt set",
+                                       store_features=args.features == "cached")
+        data_card = {**meta, "prompt_set": f"tensorrt_llm_dflash.training.prompts.build_builtin_conversations"
+                                           f"(chat_share={args.chat_share}): stdlib functions + HumanEval-format "
+                                           "tasks + instructions + chat (training/chat_prompts.py)"}
+    elif dataset is None:
         prompts = build_prompt_set(args.num_prompts)
         check_no_overlap(prompts)
         print(f"{shape}; {len(prompts)} prompts")
@@ -311,12 +364,18 @@ def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: D
                                 "train with --features online, or use another --work_dir")
     torch.manual_seed(args.seed)
 
+    start = load_dflash_drafter(args.init_drafter) if args.init_drafter else None
     if args.draft_vocab == "auto":
         seen = Counter(int(t) for s in sequences for t in s.input_ids.tolist())
-        ids = sorted(set(seen) | set(range(min(8192, config.vocab_size))))
+        ids = set(seen) | set(range(min(8192, config.vocab_size)))
+        if start is not None and start.draft_token_ids() is not None:
+            ids |= set(start.draft_token_ids().tolist())  # what it could predict, it still can
+        ids = sorted(ids)
         config.draft_vocab_size = len(ids)
     drafter = DFlashDraftModel(config)
     init_from_target(drafter, model)
+    if start is not None:
+        init_from_drafter(drafter, start, args.init_drafter)
     if config.draft_vocab_size is not None:
         drafter.d2t = torch.tensor(ids) - torch.arange(len(ids))
     online = OnlineDFlashModel(

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from . import precision
+from .assets import ASSETS_DIR
 from .decode import STAGES, speculative_generate
 from .errors import DFlashConfigError, DFlashError, DFlashInputError
 from .files import atomic_write, atomic_write_text, utf8_text
@@ -50,6 +51,11 @@ REPORT_STAGES = ("prefill", "draft", "tree_build", "tree_compile", "verify", "co
 DEFAULT_PLD_TOKENS = 10
 WARMUP_TOKENS = 32  # enough to reach steady state (allocations, caches), short enough to be cheap
 HUMANEVAL = "humaneval"
+#: The packaged chat prompt set: plain-English chat requests, one category per prompt.
+CHAT = "chat"
+CHAT_PROMPTS_FILE = ASSETS_DIR / "chat_prompts.jsonl"
+#: Its categories (the ``category`` key of each line).
+CHAT_CATEGORIES = ("explanation", "how-to", "advice", "comparison", "story", "poem", "summary", "rewrite")
 
 
 class BenchError(DFlashError):
@@ -180,17 +186,23 @@ def needs_drafter(methods: Sequence[Method]) -> bool:
 
 @dataclass
 class Prompt:
-    """A benchmark prompt: text (the chat template is applied) or ready token ids (used as-is)."""
+    """A benchmark prompt: text (the chat template is applied) or ready token ids (used as-is).
+
+    ``category`` is the line's optional ``category`` key (e.g. "poem" in the chat set).
+    """
 
     text: str | None = None
     ids: list[int] | None = None
+    category: str | None = None
 
 
 def load_prompts(dataset: str, num_prompts: int | None = None) -> list[Prompt]:
-    """The first ``num_prompts`` prompts of HumanEval (file order) or of a JSONL file.
+    """The first ``num_prompts`` prompts of HumanEval (file order), of the chat set or of a JSONL file.
 
-    A JSONL line is an object with ``prompt`` (text) or ``prompt_ids`` (token ids, sent
-    without a chat template). Blank lines are skipped; anything else malformed raises
+    ``dataset`` is ``HUMANEVAL``, ``CHAT`` (the packaged ``assets/chat_prompts.jsonl``) or a
+    path. A JSONL line is an object with ``prompt`` (text) or ``prompt_ids`` (token ids, sent
+    without a chat template), and optionally ``category`` (a string); other keys are
+    ignored. Blank lines are skipped; anything else malformed raises
     DFlashInputError naming the file and the line number. The file must be UTF-8 (a UTF-8
     byte-order mark is accepted); UTF-16/32 and other encodings are refused by name.
     """
@@ -198,6 +210,8 @@ def load_prompts(dataset: str, num_prompts: int | None = None) -> list[Prompt]:
         raise DFlashInputError(f"num_prompts={num_prompts} must be at least 1")
     if dataset == HUMANEVAL:
         prompts = _humaneval_prompts()
+    elif dataset == CHAT:
+        prompts = _jsonl_prompts(CHAT_PROMPTS_FILE)
     else:
         prompts = _jsonl_prompts(Path(dataset))
     return prompts[:num_prompts] if num_prompts else prompts
@@ -211,13 +225,11 @@ def _humaneval_prompts() -> list[Prompt]:
     return [Prompt(text=problem["prompt"]) for problem in read_problems().values()]  # file order
 
 
-
-
 def _jsonl_prompts(path: Path) -> list[Prompt]:
     if path.is_dir():
         raise DFlashInputError(f"--dataset {str(path)!r} is a directory, not a .jsonl file")
     if not path.is_file():
-        raise DFlashInputError(f"--dataset {str(path)!r} is neither 'humaneval' nor an existing .jsonl file")
+        raise DFlashInputError(f"--dataset {str(path)!r} is neither 'humaneval', 'chat' nor an existing .jsonl file")
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -239,15 +251,18 @@ def _parse_prompt_line(line: str, where: str) -> Prompt:
         raise DFlashInputError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(row, dict):
         raise DFlashInputError(f"{where}: expected a JSON object with a 'prompt' field, got {type(row).__name__}")
+    category = row.get("category")
+    if category is not None and (not isinstance(category, str) or not category):
+        raise DFlashInputError(f"{where}: 'category' must be a non-empty string, got {category!r:.60}")
     if "prompt" in row:
         if not isinstance(row["prompt"], str) or not row["prompt"]:
             raise DFlashInputError(f"{where}: 'prompt' must be a non-empty string, got {row['prompt']!r:.60}")
-        return Prompt(text=row["prompt"])
+        return Prompt(text=row["prompt"], category=category)
     if "prompt_ids" in row:
         ids = row["prompt_ids"]
         if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
             raise DFlashInputError(f"{where}: 'prompt_ids' must be a non-empty list of token ids")
-        return Prompt(ids=ids)
+        return Prompt(ids=ids, category=category)
     raise DFlashInputError(f"{where}: no 'prompt' field (keys: {sorted(row)})")
 
 

@@ -50,7 +50,7 @@ def test_jsonl_malformed_line_names_its_number(tmp_path, bad, line_no, words):
 
 
 def test_dataset_errors(tmp_path):
-    with pytest.raises(DFlashInputError, match="neither 'humaneval' nor an existing"):
+    with pytest.raises(DFlashInputError, match="neither 'humaneval', 'chat' nor an existing"):
         bench.load_prompts(str(tmp_path / "missing.jsonl"))
     with pytest.raises(DFlashInputError, match="holds no prompts"):
         bench.load_prompts(str(write_lines(tmp_path, ["", ""])))

@@ -439,7 +439,7 @@ def test_without_dataset_the_built_in_path_is_unchanged(tmp_path, target_dir, tr
 
     work = tmp_path / "work"
     assert train_dflash.main(["--target_model_dir", str(target_dir), "--num_prompts", "3", "--work_dir", str(work),
-                              "--output_dir", str(tmp_path / "out"), *TINY]) == 0
+                              "--output_dir", str(tmp_path / "out"), "--chat_share", "0", *TINY]) == 0
     capsys.readouterr()
     fingerprint = json.loads((work / "fingerprint.json").read_text())["data"]
     assert fingerprint == {"layer_ids": fingerprint["layer_ids"], "max_new_tokens": 4, "prompt_set": "built-in"}
@@ -462,3 +462,51 @@ def test_without_dataset_the_built_in_path_is_unchanged(tmp_path, target_dir, tr
                                                 new["loss_mask"]):
         assert ids.tolist() == prompt + g.answer and start == len(prompt)
         assert mask.tolist() == [False] * start + [True] * (len(ids) - start)
+
+
+def test_built_in_set_with_chat_regenerates_every_user_turn(tmp_path, target_dir, train_dflash, capsys):
+    """The default built-in set mixes chat in: multi-turn conversations get an answer per user
+    turn, loss on every answer; the fingerprint records the share."""
+    from tensorrt_llm_dflash.training.prompts import build_builtin_conversations
+
+    work = tmp_path / "work"
+    turns = build_builtin_conversations(0.5, 40)
+    multi = [i for i, c in enumerate(turns) if len(c) > 1]
+    assert multi, "the first 40 built-in conversations hold a multi-turn one"
+    n = max(multi[0] + 1, 3)
+    assert train_dflash.main(["--target_model_dir", str(target_dir), "--num_prompts", str(n), "--work_dir", str(work),
+                              "--output_dir", str(tmp_path / "out"), *TINY]) == 0
+    capsys.readouterr()
+    assert json.loads((work / "fingerprint.json").read_text())["data"]["chat_share"] == 0.5
+    shards = [torch.load(f) for f in sorted(work.glob("data/shard_*.pt"))]
+    rows = [(i, m) for shard in shards for i, m in zip(shard["prompt_index"], shard["loss_mask"])]
+    assert sorted(i for i, _ in rows) == list(range(n))
+    mask = dict(rows)[multi[0]].tolist()
+    answers = sum(1 for a, b in zip([False] + mask, mask) if b and not a)
+    assert answers == 2, f"a two-turn conversation has two answers with loss, got {answers}"
+
+
+def test_init_drafter_starts_from_its_weights_and_refuses_another_shape(tmp_path, target_dir, train_dflash, capsys):
+    from tensorrt_llm_dflash.drafter import load_dflash_drafter
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--target_model_dir", str(target_dir), "--num_prompts", "3", *TINY, "--max_steps", "1"]
+    assert train_dflash.main([*common, "--work_dir", str(tmp_path / "w1"), "--output_dir", str(first)]) == 0
+    assert train_dflash.main([*common, "--work_dir", str(tmp_path / "w2"), "--output_dir", str(second), "--lr", "1e-9",
+                              "--init_drafter", str(first)]) == 0
+    a, b = load_dflash_drafter(first).state_dict(), load_dflash_drafter(second).state_dict()
+    for name in ("layers.0.mlp.up_proj.weight", "fc.weight"):
+        assert torch.allclose(a[name], b[name], atol=1e-2), name
+    fingerprint = json.loads((tmp_path / "w2" / "fingerprint.json").read_text())["drafter"]
+    assert len(fingerprint["init_drafter"]) == 64
+    capsys.readouterr()
+    assert train_dflash.main([*common, "--work_dir", str(tmp_path / "w3"), "--output_dir", str(tmp_path / "third"),
+                              "--block_size", "4", "--init_drafter", str(first)]) == 2
+    err = capsys.readouterr().err
+    assert "--init_drafter" in err and "block_size is 8" in err and "has 4" in err
+
+
+def test_training_on_a_single_sequence_is_refused_by_name(tmp_path, target_dir, train_dflash, capsys):
+    assert train_dflash.main(["--target_model_dir", str(target_dir), "--num_prompts", "1", "--work_dir",
+                              str(tmp_path / "w"), "--output_dir", str(tmp_path / "o"), *TINY]) == 2
+    assert "training needs at least 2" in capsys.readouterr().err

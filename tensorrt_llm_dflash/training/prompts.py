@@ -10,8 +10,12 @@ Three families, mixed:
 * **HumanEval-format tasks** (:mod:`.doctest_tasks`): typed ``def`` lines and docstrings
   with ``>>>`` examples computed by reference implementations, on tasks that are not
   HumanEval's.
-* **Instructions and chat**: hand-written task templates crossed with topic lists
-  (Python tasks, explanations, comparisons, short writing).
+* **Instructions**: hand-written task templates crossed with topic lists (Python tasks,
+  explanations, comparisons, short writing).
+
+:func:`build_builtin_conversations` mixes these with the chat conversations of
+:mod:`.chat_prompts` (explanations, advice, stories, summaries, multi-turn follow-ups, ...)
+at a chosen share: the default built-in set of ``examples/train_dflash.py``.
 
 Nothing is downloaded. HumanEval is evaluation only: every function whose name is a
 HumanEval entry point is dropped, and :func:`check_no_overlap` proves no prompt shares a
@@ -211,6 +215,22 @@ def build_prompt_set(max_prompts: int | None = None, seed: int = 0) -> list[str]
     # (platform-dependent) ones were dropped.
     prompts = [p for p in prompts if is_plain_prompt(p)]
     return prompts[:max_prompts] if max_prompts else prompts
+
+
+def build_builtin_conversations(chat_share: float, max_conversations: int | None = None,
+                                seed: int = 0) -> list[tuple[str, ...]]:
+    """The code prompts (one user turn each) plus chat conversations making up ``chat_share``
+    of the whole, shuffled together, deterministic for a seed. A conversation is a tuple of
+    user turns (the target answers each one in turn)."""
+    from .chat_prompts import chat_conversations
+
+    if not 0.0 <= chat_share < 1.0:
+        raise ValueError(f"chat_share={chat_share} must be in [0, 1)")
+    code = [(p,) for p in build_prompt_set(seed=seed)]
+    chat = chat_conversations(round(len(code) * chat_share / (1.0 - chat_share)), seed=seed)
+    conversations = code + chat
+    random.Random(seed).shuffle(conversations)
+    return conversations[:max_conversations] if max_conversations else conversations
 
 
 # A function a prompt asks for: its def line, or its name in backticks.

@@ -115,6 +115,29 @@ def init_from_target(drafter: DFlashDraftModel, target: Any) -> None:
         torch.nn.init.normal_(drafter.fc.weight, std=0.02)
 
 
+#: Config fields a drafter to start from must share with the one being trained.
+INIT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "block_size", "mask_token_id", "target_layer_ids", "vocab_size")
+
+
+def init_from_drafter(drafter: DFlashDraftModel, source: DFlashDraftModel, path: Any) -> None:
+    """Start from an exported drafter's layers (``--init_drafter``): continued training on new
+    data keeps what it learned. The draft vocabulary is the new model's own (a superset)."""
+    for name in INIT_FIELDS:
+        ours, theirs = getattr(drafter.config, name), getattr(source.config, name)
+        if isinstance(ours, (list, tuple)):
+            ours, theirs = list(ours), list(theirs)
+        if ours != theirs:
+            raise DFlashConfigError(f"--init_drafter {path}: its {name} is {theirs!r}, the drafter being trained "
+                                    f"has {ours!r}")
+    state = {k: v for k, v in source.state_dict().items() if k != "d2t"}
+    with torch.no_grad():
+        missing, unexpected = drafter.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "d2t"]
+    if missing or unexpected:
+        raise DFlashConfigError(f"--init_drafter {path}: tensors missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
 class TargetFeatures:
     """``--features online``: the frozen target computes the drafter's inputs inside each step.
 
@@ -276,6 +299,9 @@ def train(
                                     f"number of ranks ({world})")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if len(sequences) < 2:
+        raise DFlashConfigError(f"the data holds {len(sequences)} sequence(s): training needs at least 2 (one is "
+                                "held out for evaluation); give more prompts or a larger --data_minutes")
     rng = random.Random(config.seed)
     order = list(range(len(sequences)))
     rng.shuffle(order)
