@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from .errors import DFlashInputError
+from .policy import CostAwarePolicy
 from .sampling import SamplingParams, choose_tokens, make_generator
-from .tree import DraftTree, build_chain, build_ddtree, validate_budget, walk
+from .tree import DRAFTER, DraftTree, build_chain, build_ddtree, validate_budget, walk
 
 STAGES = ("prefill", "draft", "tree_build", "tree_compile", "verify", "commit")
 
@@ -72,6 +73,12 @@ class GenerationStats:
     stage_seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
     new_tokens: int = 0
     total_seconds: float = 0.0
+    # Cost-aware policy only (empty otherwise): per step, the expected tokens and seconds it
+    # predicted, whether it drafted; and committed tokens that only a lookup branch proposed.
+    predicted_tokens: list[float] = field(default_factory=list)
+    predicted_seconds: list[float] = field(default_factory=list)
+    drafted: list[bool] = field(default_factory=list)
+    lookup_tokens: int = 0
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -91,6 +98,10 @@ class GenerationStats:
             "new_tokens": self.new_tokens,
             "total_seconds": self.total_seconds,
             "tokens_per_second": self.tokens_per_second,
+            "predicted_tokens": list(self.predicted_tokens),
+            "predicted_seconds": list(self.predicted_seconds),
+            "drafted": list(self.drafted),
+            "lookup_tokens": self.lookup_tokens,
         }
 
 
@@ -152,11 +163,14 @@ def speculative_generate(
     stop_token_ids: Sequence[int] = (),
     ddtree_budget: int = 0,
     on_tokens: Callable[[list[int]], None] | None = None,
+    policy: CostAwarePolicy | None = None,
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens for one prompt (batch size 1).
 
     ``ddtree_budget`` 0 is the DFlash chain; B >= 1 verifies a DDTree of B draft nodes.
-    Generation ends right after a stop token, exactly where AR decoding would.
+    With a ``policy`` (:mod:`.policy`) the budget is ignored: each step verifies the tree
+    the policy chooses (cost-aware size, lookup branches, drafting skipped when it does not
+    pay). Generation ends right after a stop token, exactly where AR decoding would.
     """
     from .target import check_prompt_fits
 
@@ -193,15 +207,28 @@ def speculative_generate(
         root = int(choose_tokens(last_logits[None], sampling, generator)[0])
     done = emit([root])
     past = len(prompt)
+    history = np.asarray(prompt + [root], dtype=np.int64)  # what prompt lookup searches
+    if policy is not None:
+        policy.begin(sampling.temperature)
     while not done:
         # Never draft past the token budget or the model's positions.
         max_depth = min(max_new_tokens - len(output), target.max_positions - 1 - past)
-        if proposer is not None:
-            max_depth = min(max_depth, proposer.block_size - 1)
+        step_start, before = time.perf_counter(), dict(stats.stage_seconds)
+        plan = None
+        if policy is not None:
+            logits = None
+            if proposer is not None and policy.wants_draft():
+                with timer.stage("draft"):
+                    logits = proposer.propose(root, context)
+                context = context[:0] if context is not None else None
+            with timer.stage("tree_build"):
+                plan = policy.plan(root, logits, history, max_depth)
+                tree = plan.tree
+        elif proposer is not None:
             with timer.stage("draft"):
                 logits = proposer.propose(root, context)
             with timer.stage("tree_build"):
-                tree = draft_tree(root, logits, budget, max_depth)
+                tree = draft_tree(root, logits, budget, min(max_depth, proposer.block_size - 1))
         else:
             tree = build_chain(root, [])
         with timer.stage("tree_compile"):
@@ -213,13 +240,25 @@ def speculative_generate(
         with timer.stage("commit"):
             target.commit(path)
             if features is not None:
-                context = features[torch.as_tensor(path, device=features.device)]
+                accepted = features[torch.as_tensor(path, device=features.device)]
+                # A step without a draft leaves its features for the next draft to read.
+                context = accepted if plan is None or context is None else torch.cat([context, accepted])
+        if plan is not None:
+            spent = {k: stats.stage_seconds[k] - before[k] for k in STAGES}
+            spent["other"] = time.perf_counter() - step_start - spent["verify"] - spent["draft"]
+            policy.observe(plan, choices, spent)
+            stats.predicted_tokens.append(plan.predicted_tokens)
+            stats.predicted_seconds.append(plan.predicted_seconds)
+            stats.drafted.append(plan.drafted)
+            stats.lookup_tokens += int(sum(plan.sources[i] & DRAFTER == 0 for i in path[1:]))
         stats.steps += 1
         stats.acceptance_lengths.append(len(path))
         stats.tree_sizes.append(tree.num_nodes)
         past += len(path)
         root = bonus
-        done = emit([int(t) for t in tree.tokens[path[1:]]] + [bonus])
+        new = [int(t) for t in tree.tokens[path[1:]]] + [bonus]
+        history = np.concatenate([history, np.asarray(new, dtype=np.int64)])
+        done = emit(new)
     stats.total_seconds = time.perf_counter() - t0
     stats.new_tokens = len(output)
     finish = "stop" if output and output[-1] in stops else "length"

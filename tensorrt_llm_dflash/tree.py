@@ -278,3 +278,97 @@ def compaction_indices(accepted_nodes: list[int] | np.ndarray, past_len: int) ->
             f"accepted_nodes={nodes.tolist()} must start at the root (0) and be strictly increasing"
         )
     return past_len + nodes
+
+
+# ------------------------------------------------------------------ scored trees (cost-aware DDTree)
+
+
+@dataclass
+class CandidateTree:
+    """A pool of candidate nodes, each with an estimated acceptance probability.
+
+    ``conditional[i]`` estimates P(the target continues node i's parent with node i's token);
+    the probability that the whole path root..i is accepted is the product along the path
+    (:meth:`path_values`). ``sources[i]`` is a bit set: ``DRAFTER`` and/or ``LOOKUP``.
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    conditional: list[float]
+    sources: list[int]
+    children: list[dict[int, int]]
+
+    @classmethod
+    def from_tree(cls, tree: DraftTree, conditional: np.ndarray | list[float], source: int) -> CandidateTree:
+        conditional = [float(c) for c in np.asarray(conditional).reshape(-1)]
+        if len(conditional) != tree.num_nodes:
+            raise DFlashInputError(f"{len(conditional)} conditional probabilities for a tree of {tree.num_nodes} nodes")
+        conditional[0] = 1.0
+        return cls(tree.tokens.tolist(), tree.parents.tolist(), tree.depths.tolist(), conditional,
+                   [0] + [source] * (tree.num_nodes - 1), [dict(c) for c in tree.children])
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def add_branch(self, tokens: list[int], conditional: list[float], source: int) -> None:
+        """Graft a chain of tokens under the root, sharing every node whose tokens agree.
+
+        A shared node keeps the larger of the two estimates: both are estimates of the same
+        event, and the larger one comes from the source that predicts it better.
+        """
+        node = 0
+        for token, prob in zip(tokens, conditional):
+            token = int(token)
+            child = self.children[node].get(token)
+            if child is None:
+                child = len(self.tokens)
+                self.tokens.append(token)
+                self.parents.append(node)
+                self.depths.append(self.depths[node] + 1)
+                self.conditional.append(float(prob))
+                self.sources.append(source)
+                self.children.append({})
+                self.children[node][token] = child
+            else:
+                self.conditional[child] = max(self.conditional[child], float(prob))
+                self.sources[child] |= source
+            node = child
+
+    def path_values(self) -> np.ndarray:
+        """P(path root..i accepted) per node: the product of the conditionals (parents come first)."""
+        values = np.ones(self.num_nodes)
+        for i in range(1, self.num_nodes):
+            values[i] = values[self.parents[i]] * min(max(self.conditional[i], 0.0), 1.0)
+        return values
+
+    def ranked(self) -> tuple[np.ndarray, np.ndarray]:
+        """Draft nodes by decreasing path value (ties: parent-first order), and those values.
+
+        Values never increase from parent to child, so every prefix of this order is a
+        prefix-closed tree: the best tree of n nodes is the first n, and its expected
+        acceptance length is 1 + the sum of their values (the DDTree argument with
+        calibrated probabilities)."""
+        values = self.path_values()
+        order = np.lexsort((np.arange(1, self.num_nodes), -values[1:])) + 1
+        return order, values[order]
+
+    def select(self, nodes: np.ndarray | list[int]) -> tuple[DraftTree, np.ndarray]:
+        """The subtree of the root and ``nodes`` (prefix-closed), in parent-first order; and
+        the pool index of each of its nodes."""
+        kept = np.sort(np.asarray(list(nodes), dtype=np.int64))
+        kept = np.concatenate([[0], kept[kept > 0]]).astype(np.int64)
+        where = {int(old): new for new, old in enumerate(kept)}
+        parents = [-1]
+        for old in kept[1:]:
+            parent = self.parents[int(old)]
+            if parent not in where:
+                raise DFlashInputError(f"node {int(old)} is selected without its parent {parent}")
+            parents.append(where[parent])
+        tree = _finish([self.tokens[int(i)] for i in kept], parents, [self.depths[int(i)] for i in kept])
+        return tree, kept
+
+
+DRAFTER = 1
+LOOKUP = 2

@@ -1,0 +1,471 @@
+"""The cost-aware DDTree: how many nodes to verify this step, and whether to draft at all.
+
+DDTree pops nodes in non-increasing path probability, and the expected acceptance length
+of the top-n tree is 1 + the sum of their path probabilities. Those probabilities have to
+be *acceptance* probabilities, and verifying n nodes has a price, so each step:
+
+1. **candidates**: the DDTree of the drafter's marginals (a pool of ``max_nodes``) plus
+   prompt-lookup branches (:mod:`.lookup`) grafted under the root, sharing nodes where the
+   tokens agree (:class:`.tree.CandidateTree`);
+2. **calibrate**: every candidate's conditional probability is mapped to an acceptance
+   probability learned online from what the target actually chose (:class:`Calibrator`);
+3. **choose n**: the n that maximises expected committed tokens per second,
+   ``(1 + sum of the top-n values) / (step overhead + draft + verify(n + 1))``, with the
+   verify cost from a measured curve (:class:`CostModel`); n = 0 is a plain AR step;
+4. **learn**: the target's choice at every verified node labels every verified child (was
+   it the token the target picked?), the step's timings refine the cost curve, and when
+   drafting has not paid for itself recently it is skipped for a while (lookup branches
+   and AR steps only) and retried later, with a doubling back-off.
+
+Every committed token is still the target's own choice at an accepted node, verified with
+the ancestor-only mask in one pass: the policy changes which tree is verified, never what
+is accepted, so output stays exactly AR's (greedy) or AR's distribution (sampling).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import DFlashInputError
+from .files import atomic_write_json
+from .lookup import lookup_branches
+from .tree import DRAFTER, LOOKUP, CandidateTree, DraftTree, build_ddtree
+
+# ----------------------------------------------------------------------------- costs
+
+#: Tree sizes (root included) the start-up calibration times.
+CALIBRATION_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)
+
+
+@dataclass
+class CostModel:
+    """Seconds per verify pass as a function of the tree size (root included), per draft, and
+    per step besides both (tree build, commit, sampling).
+
+    The start-up curve is interpolated linearly (and extrapolated from its last two
+    points); online, each step's measured verify time updates an exponential average per
+    tree size, and a machine-wide scale factor (measured / curve) carries the drift to sizes
+    not seen yet.
+    """
+
+    sizes: list[int]
+    verify_seconds: list[float]
+    draft_seconds: float = 0.0
+    overhead_seconds: float = 0.0
+    device: str = ""
+    observed: dict[int, list[float]] = field(default_factory=dict)  # size -> [ema, count]
+    scale: float = 1.0
+    ema: float = 0.2
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) != len(self.verify_seconds) or not self.sizes:
+            raise DFlashInputError("a cost curve needs as many times as sizes, and at least one")
+        order = np.argsort(self.sizes)
+        self.sizes = [int(self.sizes[i]) for i in order]
+        self.verify_seconds = [float(self.verify_seconds[i]) for i in order]
+
+    def curve(self, nodes: int) -> float:
+        x, y = self.sizes, self.verify_seconds
+        if len(x) == 1:
+            return y[0] * max(nodes, 1) / x[0]
+        if nodes <= x[-1]:
+            return float(np.interp(nodes, x, y))
+        slope = (y[-1] - y[-2]) / max(x[-1] - x[-2], 1)
+        return y[-1] + slope * (nodes - x[-1])
+
+    def verify(self, nodes: int) -> float:
+        seen = self.observed.get(int(nodes))
+        if seen is not None and seen[1] >= 2:
+            return seen[0]
+        return self.curve(nodes) * self.scale
+
+    def verify_many(self, max_nodes: int) -> np.ndarray:
+        """verify(n) for n = 1..max_nodes."""
+        return np.array([self.verify(n) for n in range(1, max_nodes + 1)])
+
+    def observe_verify(self, nodes: int, seconds: float) -> None:
+        seen = self.observed.setdefault(int(nodes), [seconds, 0])
+        seen[0] = seconds if seen[1] == 0 else (1 - self.ema) * seen[0] + self.ema * seconds
+        seen[1] += 1
+        self.scale = (1 - self.ema) * self.scale + self.ema * seconds / max(self.curve(nodes), 1e-9)
+
+    def observe_draft(self, seconds: float) -> None:
+        self.draft_seconds = (1 - self.ema) * self.draft_seconds + self.ema * seconds
+
+    def observe_overhead(self, seconds: float) -> None:
+        self.overhead_seconds = (1 - self.ema) * self.overhead_seconds + self.ema * seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sizes": self.sizes, "verify_seconds": self.verify_seconds, "draft_seconds": self.draft_seconds,
+                "overhead_seconds": self.overhead_seconds, "device": self.device}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostModel:
+        return cls(sizes=list(data["sizes"]), verify_seconds=list(data["verify_seconds"]),
+                   draft_seconds=float(data["draft_seconds"]), overhead_seconds=float(data["overhead_seconds"]),
+                   device=str(data.get("device", "")))
+
+
+def _calibration_tree(nodes: int, vocab_size: int) -> DraftTree:
+    """A bushy tree of ``nodes`` nodes (root included): what a DDTree looks like."""
+    depth, width = 8, 4
+    logprobs = np.log(np.tile(np.array([0.6, 0.2, 0.1, 0.05]), (depth, 1)))
+    tokens = np.tile(np.arange(1, 1 + width) % vocab_size, (depth, 1))
+    return build_ddtree(0, logprobs, tokens, nodes - 1)
+
+
+@torch.inference_mode()
+def calibrate_costs(target: Any, proposer: Any | None, sizes: Sequence[int] = CALIBRATION_SIZES,
+                    repeats: int = 3, context_len: int = 160) -> CostModel:
+    """Time verify passes of the given tree sizes (and one draft) on a synthetic prompt.
+
+    The median of ``repeats`` timed passes after one warm-up; the KV cache gains one token
+    per pass (only the root is committed), so every size sees about the same context.
+    """
+    sizes = [s for s in sizes if s >= 1]
+    prompt = [(i * 7919) % min(target.vocab_size, 32000) for i in range(1, context_len + 1)]
+    _, features = target.prefill(prompt)
+    times: list[float] = []
+    for size in sizes:
+        samples = []
+        for rep in range(repeats + 1):
+            tree = _calibration_tree(size, target.vocab_size)
+            start = time.perf_counter()
+            target.verify(target.compile_tree(tree))
+            target.synchronize()
+            elapsed = time.perf_counter() - start
+            target.commit([0])
+            if rep:
+                samples.append(elapsed)
+        times.append(statistics.median(samples))
+    draft = 0.0
+    if proposer is not None:
+        proposer.reset()
+        samples = []
+        context = features if features is not None else torch.zeros(len(prompt), 0)
+        for rep in range(repeats + 1):
+            start = time.perf_counter()
+            proposer.propose(0, context)
+            target.synchronize()
+            if rep:
+                samples.append(time.perf_counter() - start)
+            context = context[:0]
+        draft = statistics.median(samples)
+        proposer.reset()
+    return CostModel(sizes=list(sizes), verify_seconds=times, draft_seconds=draft, device=_device_name(target))
+
+
+def _device_name(target: Any) -> str:
+    device = getattr(target, "device", torch.device("cpu"))
+    if getattr(device, "type", "cpu") == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+
+
+def cost_cache_dir() -> Path:
+    """``$TENSORRT_LLM_DFLASH_CACHE`` or ``~/.cache/tensorrt_llm_dflash``, then ``costs/``."""
+    root = os.environ.get("TENSORRT_LLM_DFLASH_CACHE") or Path.home() / ".cache" / "tensorrt_llm_dflash"
+    return Path(root) / "costs"
+
+
+def cost_cache_key(target: Any, proposer: Any | None, extra: str = "") -> str:
+    """Machine (CPU model and threads, or GPU), target and drafter identity."""
+    parts = [_device_name(target), platform.node(), str(torch.__version__), type(target).__name__,
+             str(getattr(target, "vocab_size", "")), str(getattr(target, "dtype", "")), extra]
+    model = getattr(target, "model", None)
+    if model is not None:
+        parts.append(str(sum(p.numel() for p in model.parameters())))
+        parts.append(json.dumps(getattr(model.config, "to_diff_dict", dict)(), sort_keys=True, default=str))
+    if proposer is not None:
+        parts += [type(proposer).__name__, str(getattr(proposer, "block_size", "")),
+                  str(getattr(proposer, "dtype", ""))]
+        drafter = getattr(proposer, "model", None)
+        if drafter is not None:
+            parts.append(str(sum(p.numel() for p in drafter.parameters())))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def load_or_calibrate_costs(target: Any, proposer: Any | None, max_nodes: int, extra: str = "",
+                            refresh: bool = False) -> tuple[CostModel, str]:
+    """The cached curve for this machine, target and drafter, or a fresh calibration (then
+    cached). Returns the model and where it came from (``cache`` or ``measured``)."""
+    sizes = [s for s in CALIBRATION_SIZES if s <= max_nodes + 1] or [1]
+    if sizes[-1] < max_nodes + 1:
+        sizes.append(max_nodes + 1)
+    path = cost_cache_dir() / f"{cost_cache_key(target, proposer, extra)}.json"
+    if not refresh and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            model = CostModel.from_json(data)
+            if model.sizes[-1] >= sizes[-1] and (proposer is None or model.draft_seconds > 0):
+                return model, "cache"
+        except (OSError, ValueError, KeyError, TypeError, DFlashInputError):
+            pass  # a damaged cache entry is measured again and replaced
+    model = calibrate_costs(target, proposer, sizes)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, model.to_json())
+    except OSError:
+        pass  # a read-only home: the curve is measured again next time
+    return model, "measured"
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def _pool_adjacent_violators(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Weighted isotonic (non-decreasing) regression of ``values``."""
+    blocks: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values.tolist(), weights.tolist()):
+        blocks.append([v, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    return np.concatenate([np.full(int(c), m) for m, _, c in blocks])
+
+
+class Calibrator:
+    """P(accepted) from a score, per row (a depth, or a lookup offset), learned online.
+
+    Histogram binning with a Beta prior and isotonic smoothing: the score axis is cut into
+    bins; each bin keeps exponentially forgotten counts of accepted / offered candidates;
+    its estimate is ``(hits + s * prior) / (trials + s)``, made non-decreasing in the score
+    by pool-adjacent-violators (a more confident candidate is never rated less likely).
+    With no data the estimate is the prior, so a fresh calibrator trusts the drafter's own
+    probability (``prior="identity"``) or a constant.
+    """
+
+    def __init__(self, rows: int, edges: Sequence[float], prior: str | float = "identity",
+                 strength: float = 4.0, decay: float = 0.995) -> None:
+        self.edges = np.asarray(edges, dtype=np.float64)
+        bins = len(self.edges) - 1
+        centres = (self.edges[:-1] + self.edges[1:]) / 2
+        centres[-1] = self.edges[-2] if not np.isfinite(self.edges[-1]) else centres[-1]
+        self.prior = np.clip(centres, 0.0, 1.0) if prior == "identity" else np.full(bins, float(prior))
+        self.rows, self.strength, self.decay = rows, strength, decay
+        self.hits = np.zeros((rows, bins))
+        self.trials = np.zeros((rows, bins))
+        self._table: np.ndarray | None = None
+
+    def _bins(self, scores: np.ndarray) -> np.ndarray:
+        return np.clip(np.searchsorted(self.edges, scores, side="right") - 1, 0, len(self.edges) - 2)
+
+    def table(self) -> np.ndarray:
+        if self._table is None:
+            raw = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
+            weight = self.trials + self.strength
+            self._table = np.stack([_pool_adjacent_violators(raw[r], weight[r]) for r in range(self.rows)])
+        return self._table
+
+    def predict(self, rows: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        rows = np.clip(np.asarray(rows, dtype=np.int64), 0, self.rows - 1)
+        return self.table()[rows, self._bins(np.asarray(scores, dtype=np.float64))]
+
+    def update(self, rows: np.ndarray, scores: np.ndarray, accepted: np.ndarray) -> None:
+        self.hits *= self.decay
+        self.trials *= self.decay
+        rows = np.clip(np.asarray(rows, dtype=np.int64), 0, self.rows - 1)
+        bins = self._bins(np.asarray(scores, dtype=np.float64))
+        np.add.at(self.trials, (rows, bins), 1.0)
+        np.add.at(self.hits, (rows, bins), np.asarray(accepted, dtype=np.float64))
+        self._table = None
+
+
+#: Bins of the drafter's marginal probability (finer near 0 and 1, where most candidates are).
+DRAFT_EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0 + 1e-9)
+#: Bins of a lookup branch's n-gram match length (1, 2, 3, 4+ tokens).
+LOOKUP_EDGES = (0.5, 1.5, 2.5, 3.5, float("inf"))
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+#: A lookup-only step whose best choice is n = 0 verifies its best candidate anyway once in this many.
+EXPLORE_EVERY = 8
+
+
+@dataclass
+class StepPlan:
+    """What one step verifies, and what the policy needs to learn from its outcome."""
+
+    tree: DraftTree
+    drafted: bool
+    predicted_tokens: float
+    predicted_seconds: float
+    sources: np.ndarray  # per node of ``tree``
+    draft_rows: np.ndarray  # per node: depth - 1 (drafter calibration row), -1 if not a drafter candidate
+    draft_scores: np.ndarray  # per node: the drafter's marginal probability of the token
+    lookup_rows: np.ndarray  # per node: branch offset - 1, -1 if not a lookup candidate
+    lookup_scores: np.ndarray  # per node: n-gram length of the branch
+
+
+@dataclass
+class PolicyConfig:
+    max_nodes: int = 64  # largest tree verified (draft nodes), and the DDTree candidate pool
+    lookup: bool = True  # graft prompt-lookup branches into the tree
+    lookup_tokens: int = 10  # longest lookup branch (transformers' default for prompt lookup)
+    lookup_branches: int = 2
+    max_ngram: int = 4
+    max_backoff: int = 64  # longest run of steps without drafting before it is tried again
+    min_draft_advantage: float = 1.0  # drafting must beat lookup/AR by this factor on average
+
+
+class CostAwarePolicy:
+    """Chooses each step's tree (see the module docstring); one instance serves many prompts
+    and keeps what it learned. Calibration is kept per sampling temperature."""
+
+    def __init__(self, costs: CostModel, config: PolicyConfig | None = None, block_size: int = 16) -> None:
+        self.costs = costs
+        self.config = config or PolicyConfig()
+        if not 0 <= self.config.max_nodes <= 1023:
+            raise DFlashInputError(f"max_nodes={self.config.max_nodes} must be in 0..1023")
+        self.block_size = block_size
+        self._calibrators: dict[float, tuple[Calibrator, Calibrator]] = {}
+        self.temperature = 0.0
+        self.advantage = 1.0  # running ratio: best rate with the draft / best rate without
+        self.skip_left = 0
+        self.backoff = 2
+        self._undrafted_zero = 0  # lookup-only steps that chose n = 0 (every EXPLORE_EVERY-th explores)
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "cost-aware DDTree + lookup branches", **asdict(self.config),
+                "costs": self.costs.to_json()}
+
+    def begin(self, temperature: float) -> None:
+        self.temperature = float(temperature)
+
+    def _calibration(self) -> tuple[Calibrator, Calibrator]:
+        key = round(self.temperature, 3)
+        if key not in self._calibrators:
+            self._calibrators[key] = (
+                Calibrator(max(self.block_size - 1, 1), DRAFT_EDGES, prior="identity"),
+                Calibrator(self.config.lookup_tokens, LOOKUP_EDGES, prior=0.5),
+            )
+        return self._calibrators[key]
+
+    def wants_draft(self) -> bool:
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return False
+        return True
+
+    def plan(self, root: int, draft_logits: torch.Tensor | None, context: np.ndarray, max_depth: int) -> StepPlan:
+        """The tree to verify after ``root`` (the newest token, last in ``context``)."""
+        draft_cal, lookup_cal = self._calibration()
+        pool, draft_marginal = self._drafter_pool(root, draft_logits, max_depth)
+        draft_rows = np.full(pool.num_nodes, -1)
+        draft_rows[1:] = np.asarray(pool.depths[1:]) - 1
+        pool.conditional = [1.0] + draft_cal.predict(draft_rows[1:], draft_marginal[1:]).tolist()
+        n_draft_pool = pool.num_nodes
+        lookup_rows: dict[int, int] = {}
+        lookup_scores: dict[int, int] = {}
+        lookup_values: dict[int, float] = {}  # P(path accepted) by the lookup estimates alone
+        if self.config.lookup and max_depth > 0:
+            for branch in lookup_branches(context, min(max_depth, self.config.lookup_tokens), self.config.max_ngram,
+                                          max_branches=self.config.lookup_branches):
+                offsets = np.arange(len(branch.tokens))
+                probs = lookup_cal.predict(offsets, np.full(len(offsets), branch.ngram))
+                pool.add_branch(branch.tokens, probs.tolist(), LOOKUP)
+                node = 0
+                for k, (token, value) in enumerate(zip(branch.tokens, np.cumprod(probs).tolist())):
+                    node = pool.children[node][int(token)]
+                    lookup_rows.setdefault(node, k)
+                    lookup_scores[node] = max(lookup_scores.get(node, 0), branch.ngram)
+                    lookup_values[node] = max(lookup_values.get(node, 0.0), value)
+        order, values = pool.ranked()
+        drafted = draft_logits is not None
+        n, tokens, seconds = self._best_size(values, drafted)
+        if n == 0 and len(values) and (drafted or self._explore()):
+            # Verify the best candidate anyway: a paid-for draft (or, now and then, a lookup
+            # branch) that is never verified never gets a label, and a calibration that has
+            # given up on a source could then never see it improve.
+            n, tokens, seconds = 1, 1.0 + float(values[0]), self._step_seconds(1, drafted)
+        if drafted:
+            self._judge_drafting(np.sort(np.fromiter(lookup_values.values(), float))[::-1], tokens / seconds)
+        tree, kept = pool.select(order[:n])
+        sources = np.asarray([pool.sources[i] for i in kept])
+        return StepPlan(
+            tree=tree, drafted=drafted, predicted_tokens=tokens, predicted_seconds=seconds, sources=sources,
+            draft_rows=np.where(kept < n_draft_pool, draft_rows[np.minimum(kept, n_draft_pool - 1)], -1),
+            draft_scores=np.where(kept < n_draft_pool, draft_marginal[np.minimum(kept, n_draft_pool - 1)], 0.0),
+            lookup_rows=np.asarray([lookup_rows.get(int(i), -1) for i in kept]),
+            lookup_scores=np.asarray([lookup_scores.get(int(i), 0) for i in kept]),
+        )
+
+    def _drafter_pool(self, root: int, draft_logits: torch.Tensor | None,
+                      max_depth: int) -> tuple[CandidateTree, np.ndarray]:
+        """The DDTree candidate pool and each node's marginal probability under the drafter."""
+        budget = self.config.max_nodes
+        if draft_logits is None or max_depth <= 0 or budget == 0:
+            tree = build_ddtree(root, np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), 0)
+            return CandidateTree.from_tree(tree, [1.0], DRAFTER), np.ones(1)
+        logprobs = torch.log_softmax(draft_logits[:max_depth].float(), dim=-1)
+        k = min(budget, int(torch.isfinite(logprobs[0]).sum()))
+        values, tokens = torch.topk(logprobs, k, dim=-1)
+        values, tokens = values.cpu().numpy(), tokens.cpu().numpy()
+        tree = build_ddtree(root, values, tokens, budget)
+        marginal = np.ones(tree.num_nodes)
+        lookup = [dict(zip(row_t.tolist(), row_v.tolist())) for row_t, row_v in zip(tokens, values)]
+        for i in range(1, tree.num_nodes):
+            marginal[i] = np.exp(lookup[tree.depths[i] - 1][int(tree.tokens[i])])
+        return CandidateTree.from_tree(tree, marginal, DRAFTER), marginal
+
+    def _step_seconds(self, nodes: int | np.ndarray, drafted: bool) -> Any:
+        verify = self.costs.verify_many(int(nodes) + 1) if np.ndim(nodes) == 0 else None
+        base = self.costs.overhead_seconds + (self.costs.draft_seconds if drafted else 0.0)
+        return float(base + verify[-1]) if verify is not None else base
+
+    def _best_size(self, values: np.ndarray, drafted: bool) -> tuple[int, float, float]:
+        """n maximising (1 + sum of the n best values) / predicted step time."""
+        cap = min(len(values), self.config.max_nodes)
+        tokens = 1.0 + np.concatenate([[0.0], np.cumsum(values[:cap])])
+        seconds = self._step_seconds(np.zeros(0), drafted) + self.costs.verify_many(cap + 1)
+        n = int(np.argmax(tokens / seconds))
+        return n, float(tokens[n]), float(seconds[n])
+
+    def _explore(self) -> bool:
+        self._undrafted_zero += 1
+        return self._undrafted_zero % EXPLORE_EVERY == 0
+
+    def _judge_drafting(self, lookup_values: np.ndarray, rate: float) -> None:
+        """Compare this step's best rate with what lookup branches alone (or AR) would give
+        without the draft; after a run of losses, stop drafting for a while."""
+        _, tokens, seconds = self._best_size(lookup_values, drafted=False)
+        self.advantage = 0.7 * self.advantage + 0.3 * rate / (tokens / seconds)
+        if self.advantage < self.config.min_draft_advantage:
+            self.skip_left = self.backoff
+            self.backoff = min(self.backoff * 2, self.config.max_backoff)
+            self.advantage = 1.0  # judged afresh when drafting resumes
+        else:
+            self.backoff = 2
+
+    def observe(self, plan: StepPlan, choices: np.ndarray, seconds: dict[str, float]) -> None:
+        """Learn from a verified step: ``choices[i]`` is the target's token after node i."""
+        tree = plan.tree
+        if tree.num_nodes > 1:
+            nodes = np.arange(1, tree.num_nodes)
+            accepted = np.asarray(choices)[tree.parents[1:]] == tree.tokens[1:]
+            draft_cal, lookup_cal = self._calibration()
+            d = nodes[plan.draft_rows[1:] >= 0]
+            if d.size:
+                draft_cal.update(plan.draft_rows[d], plan.draft_scores[d], accepted[d - 1])
+            lk = nodes[plan.lookup_rows[1:] >= 0]
+            if lk.size:
+                lookup_cal.update(plan.lookup_rows[lk], plan.lookup_scores[lk], accepted[lk - 1])
+        self.costs.observe_verify(tree.num_nodes, seconds["verify"])
+        if plan.drafted:
+            self.costs.observe_draft(seconds["draft"])
+        self.costs.observe_overhead(seconds["other"])
