@@ -6,7 +6,9 @@
 
 Methods: ar (this runtime's AR loop), hf (transformers generate), pld[:N] (transformers
 prompt-lookup decoding, N lookup tokens, default 10), dflash (chain), ddtree:B (DDTree,
-B draft nodes). Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
+B draft nodes), auto[:N] (the cost-aware DDTree with lookup branches, at most N nodes),
+default (exactly what examples/run.py does with no decoding flags; results.json records
+what it resolved to). Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
 output is compared with the AR output; a mismatch is printed and the exit code is 1.
 Exit code 2: bad input or a missing model.
 """
@@ -58,9 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from tensorrt_llm_dflash.errors import DFlashInputError
 
     if args.lora_inject_dir:
-        from tensorrt_llm_dflash.lora_inject import register_bench_methods
-
-        register_bench_methods(args.lora_inject_dir)
+        bench.register_lora_inject(args.lora_inject_dir)
     try:
         args.parsed_methods = bench.parse_methods(args.methods)
     except DFlashInputError as err:

@@ -6,7 +6,8 @@ it runs the embedded SmolLM2-135M-Instruct target with the shipped demo drafter.
 
     python examples/run.py --input_text "Write a Python function that reverses a string."
     python examples/run.py --speculative_decoding_mode none --input_text "Hi" --max_output_len 32
-    python examples/run.py --ddtree_budget 0 ...      # DFlash chain instead of DDTree
+    python examples/run.py --ddtree_budget 16 ...     # a fixed DDTree budget instead of the cost-aware tree
+    python examples/run.py --ddtree_budget 0 ...      # DFlash chain
     python examples/run.py --engine_dir ENGINE --tokenizer_dir TARGET ...   # TensorRT-LLM engine
 """
 
@@ -50,7 +51,15 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--no_chat_template", action="store_true", help="send the text as-is")
     ap.add_argument("--max_output_len", type=cli.integer(1, MAX_OUTPUT_LEN), default=128)
     ap.add_argument("--ddtree_budget", type=cli.integer(0, MAX_DDTREE_BUDGET), default=None,
-                    help="DDTree node budget; 0 = DFlash chain (default: tuned for the demo drafter)")
+                    help="a fixed DDTree node budget; 0 = DFlash chain (default: the cost-aware tree: each step "
+                         "verifies the number of nodes that maximises expected tokens per second on this machine, "
+                         "with prompt-lookup branches, and skips drafting when it does not pay)")
+    ap.add_argument("--max_tree_nodes", type=cli.integer(1, MAX_DDTREE_BUDGET), default=None,
+                    help="cost-aware tree: the largest tree it may verify (default 64, or the engine's max_draft_len)")
+    ap.add_argument("--no_lookup", action="store_true", help="cost-aware tree: no prompt-lookup branches")
+    ap.add_argument("--recalibrate", action="store_true",
+                    help="cost-aware tree: measure this machine's verify cost curve again (it is cached per machine, "
+                         "target and drafter)")
     ap.add_argument("--temperature", type=cli.number(0.0), default=0.0, help="0 = greedy")
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
@@ -78,7 +87,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
         if args.draft_type != "dflash":
             cli.refuse(ap, "--draft_type", f"{args.draft_type!r} runs only with --backend pytorch")
+    policy_flags = [f for f, given in (("--max_tree_nodes", args.max_tree_nodes is not None),
+                                       ("--no_lookup", args.no_lookup), ("--recalibrate", args.recalibrate)) if given]
+    for flag in policy_flags:
+        if args.ddtree_budget is not None:
+            cli.refuse(ap, flag, "applies to the cost-aware tree, not to a fixed --ddtree_budget")
+        if args.speculative_decoding_mode == "none" or args.draft_type != "dflash":
+            cli.refuse(ap, flag, "applies to the cost-aware tree of a DFlash drafter (--draft_type dflash, "
+                                 "--speculative_decoding_mode dflash)")
     return args
+
+
+def uses_policy(args: argparse.Namespace, proposer: object | None) -> bool:
+    """The default: a DFlash drafter with no fixed --ddtree_budget runs the cost-aware tree."""
+    return proposer is not None and args.ddtree_budget is None and args.draft_type == "dflash"
+
+
+def make_policy(args: argparse.Namespace, verifier: object, proposer: object):
+    from tensorrt_llm_dflash.policy import DEFAULT_MAX_NODES, default_policy
+
+    engine_cap = getattr(verifier, "max_draft_len", None)
+    max_nodes = args.max_tree_nodes or (min(DEFAULT_MAX_NODES, engine_cap) if engine_cap else DEFAULT_MAX_NODES)
+    if engine_cap is not None and max_nodes > engine_cap:
+        from tensorrt_llm_dflash.errors import DFlashInputError
+
+        raise DFlashInputError(f"--max_tree_nodes={max_nodes} exceeds the engine's max_draft_len={engine_cap}")
+    return default_policy(verifier, proposer, max_nodes, lookup=not args.no_lookup, recalibrate=args.recalibrate,
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def build_pytorch(args: argparse.Namespace):
@@ -167,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         if warning:
             print(warning, file=sys.stderr)
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
-        mode = "autoregressive" if proposer is None else ("DFlash chain" if budget == 0 else f"DDTree budget {budget}")
+        policy = make_policy(args, verifier, proposer) if uses_policy(args, proposer) else None
+        if policy is not None:
+            mode = f"cost-aware DDTree (<= {policy.config.max_nodes} nodes" + (
+                ", lookup branches)" if policy.config.lookup else ")")
+        else:
+            mode = ("autoregressive" if proposer is None else
+                    "DFlash chain" if budget == 0 else f"DDTree budget {budget}")
         results.mode = mode
         # Every prompt is encoded and checked before the first generation starts.
         prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.input_text]
@@ -186,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             result = speculative_generate(
                 verifier, proposer, prompt, args.max_output_len, sampling, stops, budget,
-                on_tokens=on_tokens if args.streaming else None,
+                on_tokens=on_tokens if args.streaming else None, policy=policy,
             )
             elapsed = time.perf_counter() - t0
             text_out = tokenizer.decode(result.output_ids, skip_special_tokens=True)
@@ -199,8 +240,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"\n[{mode}] {text!r}\n{text_out}")
             stage = ", ".join(f"{k} {v:.2f}s" for k, v in stats.stage_seconds.items() if v > 0)
+            chosen = ""
+            if policy is not None and stats.steps:
+                chosen = (f"; mean tree {sum(stats.tree_sizes) / stats.steps - 1:.1f} draft nodes, drafted on "
+                          f"{sum(stats.drafted)}/{stats.steps} steps, {stats.lookup_tokens} tokens from lookup only")
             print(f"\n-- {stats.new_tokens} tokens in {elapsed:.2f}s ({stats.tokens_per_second:.1f} tok/s), "
-                  f"{stats.steps} target steps, mean tau {stats.mean_acceptance_length:.2f}; {stage}")
+                  f"{stats.steps} target steps, mean tau {stats.mean_acceptance_length:.2f}{chosen}; {stage}")
             results.add({
                 "prompt": text,
                 "output_ids": result.output_ids,

@@ -11,6 +11,10 @@ Methods (``parse_methods``; new kinds register themselves in ``METHOD_KINDS``):
     pld[:N]     transformers prompt-lookup decoding, N candidate tokens (default 10)
     dflash      the DFlash chain (DDTree budget 0)
     ddtree:B    DDTree with B draft nodes
+    auto[:N]    the cost-aware DDTree with lookup branches (``policy``), at most N draft nodes
+    default     exactly what ``examples/run.py`` does with no decoding flags (today ``auto``
+                with its defaults); results.json records what it resolved to
+    lora_inject, lora_inject_ddtree:B   the LoRA-inject drafter (``--lora_inject_dir``)
 
 tau is the number of tokens committed per target forward, bonus token included. The
 forward that reads the prompt is excluded for every method (for ``pld`` it also verifies
@@ -93,6 +97,11 @@ class MethodKind:
     budget: Callable[[Method], int] = lambda method: 0  # DDTree budget passed to the decode loop
     #: Methods of one family are drawn as one line against their budget (chain = 0).
     budget_family: str | None = None
+    #: Cost-aware kinds: the method's policy (``policy.CostAwarePolicy``) from the context, the
+    #: method, the proposer and a verifier; made once per run, it keeps learning across prompts.
+    make_policy: Callable[[BenchContext, Method, Any, Any], Any] | None = None
+    #: What the method is, in words (results.json; ``default`` says what it resolved to).
+    describe: Callable[[Method], str] | None = None
 
 
 def no_param(kind: str) -> Callable[[str | None], None]:
@@ -120,6 +129,12 @@ def _int_param(kind: str, what: str, default: int | None, low: int, high: int) -
         return value
 
     return parse
+
+
+def _optional_int(kind: str, what: str, low: int, high: int) -> Callable[[str | None], int | None]:
+    """An optional integer parameter: ``kind`` alone means the kind's default (None)."""
+    parse = _int_param(kind, what, 0, low, high)
+    return lambda text: None if text is None else parse(text)
 
 
 def budget_param(kind: str, chain: str) -> Callable[[str | None], int]:
@@ -174,7 +189,8 @@ def parse_methods(texts: Sequence[str]) -> list[Method]:
 
 
 def method_syntax() -> list[str]:
-    return ["ar", "hf", "pld[:N]", "dflash", "ddtree:B"] + [k for k in METHOD_KINDS if k not in _BUILTIN]
+    return ["ar", "hf", "pld[:N]", "dflash", "ddtree:B", "auto[:N]", "default"] + [
+        k for k in METHOD_KINDS if k not in _BUILTIN]
 
 
 def needs_drafter(methods: Sequence[Method]) -> bool:
@@ -295,7 +311,12 @@ class RequestRecord:
     finish_reason: str = "length"
     tree_sizes: list[int] = field(default_factory=list)  # tokens fed to the target per step (same steps)
     copyable: list[bool] = field(default_factory=list)  # per step: see copyable_steps
-
+    # Cost-aware methods: per step, the policy's predicted tokens and seconds and whether it drafted;
+    # and the committed tokens only a lookup branch proposed.
+    predicted_tokens: list[float] = field(default_factory=list)
+    predicted_seconds: list[float] = field(default_factory=list)
+    drafted: list[bool] = field(default_factory=list)
+    lookup_tokens: int = 0
 
     @property
     def new_tokens(self) -> int:
@@ -337,6 +358,7 @@ class BenchContext:
     drafter: Any = None
     tokenizer: Any = None
     _proposers: dict[str, Any] = field(default_factory=dict)
+    _policies: dict[str, Any] = field(default_factory=dict)
 
     def proposer(self, kind: str) -> Any:
         if kind not in self._proposers:
@@ -365,15 +387,22 @@ def run_runtime(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: 
     else:
         verifier = make_verifier(ctx.model, proposer)
     try:
+        policy = None
+        if kind.make_policy is not None:
+            if method.label not in ctx._policies:  # the cost curve is measured (or read) once, untimed
+                ctx._policies[method.label] = kind.make_policy(ctx, method, proposer, verifier)
+            policy = ctx._policies[method.label]
         t0 = time.perf_counter()
         result = speculative_generate(verifier, proposer, prompt_ids, ctx.max_new_tokens, ctx.seeded(seed),
-                                      ctx.stop_token_ids, kind.budget(method))
+                                      ctx.stop_token_ids, kind.budget(method), policy=policy)
         seconds = time.perf_counter() - t0
     finally:
         verifier.close()
     stats = result.stats
     return RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths),
-                         dict(stats.stage_seconds), result.finish_reason, list(stats.tree_sizes))
+                         dict(stats.stage_seconds), result.finish_reason, list(stats.tree_sizes),
+                         predicted_tokens=list(stats.predicted_tokens), predicted_seconds=list(stats.predicted_seconds),
+                         drafted=list(stats.drafted), lookup_tokens=stats.lookup_tokens)
 
 
 class _ForwardTimer:
@@ -484,14 +513,62 @@ _BUILTIN = {
     "ddtree": MethodKind(run_runtime, budget_param("ddtree", "dflash"), build_proposer=_dflash_proposer,
                          budget=lambda m: m.param, budget_family="DFlash"),
 }
-# A later drafter adds its chain and tree the same way, e.g.
-#   register_method("lora_inject", MethodKind(run_runtime, no_param("lora_inject"), build_proposer=make_lora,
-#                                             budget_family="LoRA-inject"))
-#   register_method("lora_inject_ddtree", MethodKind(run_runtime, budget_param("lora_inject_ddtree", "lora_inject"),
-#                                                    build_proposer=make_lora, budget=lambda m: m.param,
-#                                                    budget_family="LoRA-inject"))
+
+
+def _auto_policy(ctx: BenchContext, method: Method, proposer: Any, verifier: Any) -> Any:
+    from .policy import default_policy
+
+    return default_policy(verifier, proposer, max_nodes=method.param if method.param is not None else
+                          _default_max_nodes(), log=lambda line: print(line, flush=True))
+
+
+def _default_max_nodes() -> int:
+    from .policy import DEFAULT_MAX_NODES
+
+    return DEFAULT_MAX_NODES
+
+
+def _describe_auto(method: Method) -> str:
+    nodes = method.param if method.param is not None else _default_max_nodes()
+    return (f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes, the DFlash drafter "
+            "(examples/run.py with no decoding flags)" if method.kind == "default" else
+            f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes")
+
+
+_BUILTIN["auto"] = MethodKind(run_runtime, _optional_int("auto", "the largest tree (draft nodes)", 1, 1023),
+                              build_proposer=_dflash_proposer, make_policy=_auto_policy, describe=_describe_auto)
+_BUILTIN["default"] = MethodKind(run_runtime, no_param("default"), build_proposer=_dflash_proposer,
+                                 make_policy=_auto_policy, describe=_describe_auto)
 for _name, _kind in _BUILTIN.items():
     register_method(_name, _kind)
+
+
+def register_lora_inject(draft_dir: str | Path, context: str = "auto") -> None:
+    """Add ``lora_inject`` (chain) and ``lora_inject_ddtree:B`` for a LoRA-inject adapter dir.
+
+    The drafter is loaded once per benchmark context and shared by both methods; the verifier
+    is the one the proposer reads its context K/V from (``lora_inject.build_verifier``).
+    """
+    from .lora_inject import DFlashLoRAInjectDraftModel, LoRAInjectProposer, build_verifier
+
+    loaded: dict[int, Any] = {}
+
+    def make_proposer(ctx: BenchContext) -> Any:
+        key = id(ctx.model)
+        if key not in loaded:
+            drafter = DFlashLoRAInjectDraftModel.from_pretrained(ctx.model, draft_dir)
+            mode = ("layer_inputs" if drafter.config.adapts_kv else "cache") if context == "auto" else context
+            loaded[key] = LoRAInjectProposer(drafter, mode)
+        return loaded[key]
+
+    def run(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
+        return run_runtime(ctx, method, prompt_ids, seed, make_verifier=build_verifier)
+
+    register_method("lora_inject", MethodKind(run, no_param("lora_inject"), build_proposer=make_proposer,
+                                              budget_family="LoRA-inject"))
+    register_method("lora_inject_ddtree", MethodKind(run, budget_param("lora_inject_ddtree", "lora_inject"),
+                                                     build_proposer=make_proposer, budget=lambda m: m.param,
+                                                     budget_family="LoRA-inject"))
 
 
 def run_benchmark(ctx: BenchContext, methods: Sequence[Method], prompts: Sequence[list[int]],
@@ -539,7 +616,22 @@ def summarize_method(records: Sequence[RequestRecord]) -> dict[str, Any]:
     for r in records:
         for flag, tau in zip(r.copyable, r.acceptance_lengths):
             split[flag].append(tau)
+    predicted_tokens = sum(sum(r.predicted_tokens) for r in records)
+    predicted_seconds = sum(sum(r.predicted_seconds) for r in records)
+    decode_seconds = sum(r.seconds - r.stage_seconds.get("prefill", 0.0) for r in records)
+    drafted = [d for r in records for d in r.drafted]
+    policy = {}
+    if drafted:  # a cost-aware method: what it predicted, chose and where its tokens came from
+        policy = {
+            "predicted_decode_tokens_per_second": predicted_tokens / predicted_seconds if predicted_seconds else math.nan,
+            "measured_decode_tokens_per_second": (tokens - len(records)) / decode_seconds if decode_seconds else math.nan,
+            "chosen_nodes_histogram": {int(k): int(c) for k, c in enumerate(np.bincount([n - 1 for n in sizes]))
+                                       if c},
+            "drafted_step_share": float(np.mean(drafted)),
+            "lookup_token_share": sum(r.lookup_tokens for r in records) / tokens if tokens else math.nan,
+        }
     return {
+        **policy,
         "prompts": len(records),
         "new_tokens": tokens,
         "seconds": seconds,
@@ -640,6 +732,7 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
         kind = METHOD_KINDS[m.kind]
         summaries[m.label] = {"kind": m.kind, "param": m.param, "autoregressive": kind.autoregressive,
                               "budget": kind.budget(m), "budget_family": kind.budget_family,
+                              "resolves_to": kind.describe(m) if kind.describe else None,
                               **summarize_method(records[m.label])}
     baselines = [m.label for m in methods if METHOD_KINDS[m.kind].autoregressive]
     base = compare_methods(summaries, baselines)
@@ -803,6 +896,22 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
                   "| method | tau, copyable steps | tau, other steps | copyable steps |", "|---|---:|---:|---:|"]
         lines += [f"| {label} | {_fmt(s['tau_copyable'])} | {_fmt(s['tau_elsewhere'])} | "
                   f"{_fmt(100 * s['copyable_step_fraction'], '.0f', '%')} |" for label, s in copy_rows]
+        lines.append("")
+    policy_rows = [(label, s) for label, s in methods.items() if "drafted_step_share" in s]
+    if policy_rows:
+        lines += ["Cost-aware methods: decode tokens/s the policy predicted (its expected tokens over its expected "
+                  "step times) against measured (prefill excluded); the share of steps that ran the drafter; the "
+                  "share of output tokens that only a lookup branch proposed; draft nodes chosen per step "
+                  "(count of steps).", "",
+                  "| method | resolves to | predicted tok/s | measured tok/s | drafted steps | lookup tokens | "
+                  "chosen nodes: steps |", "|---|---|---:|---:|---:|---:|---|"]
+        for label, s in policy_rows:
+            hist = ", ".join(f"{n}: {c}" for n, c in sorted(s["chosen_nodes_histogram"].items()))
+            lines.append(f"| {label} | {s.get('resolves_to') or '-'} | "
+                         f"{_fmt(s['predicted_decode_tokens_per_second'], '.1f')} | "
+                         f"{_fmt(s['measured_decode_tokens_per_second'], '.1f')} | "
+                         f"{_fmt(100 * s['drafted_step_share'], '.0f', '%')} | "
+                         f"{_fmt(100 * s['lookup_token_share'], '.0f', '%')} | {hist} |")
         lines.append("")
     lines += [f"![{Path(p).stem}]({p})" for p in plots]
     return "\n".join(lines) + "\n"

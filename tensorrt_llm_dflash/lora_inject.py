@@ -533,38 +533,6 @@ def build_lora_inject_proposer(
     return build_verifier(model, proposer), proposer
 
 
-# -------------------------------------------------------------- benchmark harness
-
-
-def register_bench_methods(draft_dir: str | Path, context: str = "auto") -> None:
-    """Add ``lora_inject`` (chain) and ``lora_inject_ddtree:B`` to ``bench.METHOD_KINDS``.
-
-    The drafter is loaded once per benchmark context and shared by both methods. The runner is
-    ``bench.run_runtime``'s, except that the verifier is the one the proposer reads its context from.
-    """
-    from . import bench
-
-    loaded: dict[int, LoRAInjectProposer] = {}
-
-    def make_proposer(ctx: Any) -> LoRAInjectProposer:
-        key = id(ctx.model)
-        if key not in loaded:
-            drafter = DFlashLoRAInjectDraftModel.from_pretrained(ctx.model, draft_dir)
-            mode = ("layer_inputs" if drafter.config.adapts_kv else "cache") if context == "auto" else context
-            loaded[key] = LoRAInjectProposer(drafter, mode)
-        return loaded[key]
-
-    def run(ctx: Any, method: Any, prompt_ids: list[int], seed: int) -> Any:
-        # The verifier is the one the proposer reads its context K/V from.
-        return bench.run_runtime(ctx, method, prompt_ids, seed, make_verifier=build_verifier)
-
-    bench.register_method("lora_inject", bench.MethodKind(
-        run, bench.no_param("lora_inject"), build_proposer=make_proposer, budget_family="LoRA-inject"))
-    bench.register_method("lora_inject_ddtree", bench.MethodKind(
-        run, bench.budget_param("lora_inject_ddtree", "lora_inject"), build_proposer=make_proposer,
-        budget=lambda m: m.param, budget_family="LoRA-inject"))
-
-
 # ------------------------------------------------------------------ examples/run.py
 
 #: Shipped adapter for the embedded SmolLM2-135M-Instruct target (if this checkout has one).

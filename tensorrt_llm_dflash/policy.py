@@ -74,7 +74,9 @@ class CostModel:
             raise DFlashInputError("a cost curve needs as many times as sizes, and at least one")
         order = np.argsort(self.sizes)
         self.sizes = [int(self.sizes[i]) for i in order]
-        self.verify_seconds = [float(self.verify_seconds[i]) for i in order]
+        # A bigger tree never verifies faster: timing noise (a busy machine) is pooled away.
+        seconds = np.asarray([float(self.verify_seconds[i]) for i in order])
+        self.verify_seconds = _pool_adjacent_violators(seconds, np.ones(len(seconds))).tolist()
 
     def curve(self, nodes: int) -> float:
         x, y = self.sizes, self.verify_seconds
@@ -128,7 +130,7 @@ def _calibration_tree(nodes: int, vocab_size: int) -> DraftTree:
 
 @torch.inference_mode()
 def calibrate_costs(target: Any, proposer: Any | None, sizes: Sequence[int] = CALIBRATION_SIZES,
-                    repeats: int = 3, context_len: int = 160) -> CostModel:
+                    repeats: int = 5, context_len: int = 160) -> CostModel:
     """Time verify passes of the given tree sizes (and one draft) on a synthetic prompt.
 
     The median of ``repeats`` timed passes after one warm-up; the KV cache gains one token
@@ -198,7 +200,7 @@ def cost_cache_key(target: Any, proposer: Any | None, extra: str = "") -> str:
 
 
 def load_or_calibrate_costs(target: Any, proposer: Any | None, max_nodes: int, extra: str = "",
-                            refresh: bool = False) -> tuple[CostModel, str]:
+                            refresh: bool = False, log: Any = None) -> tuple[CostModel, str]:
     """The cached curve for this machine, target and drafter, or a fresh calibration (then
     cached). Returns the model and where it came from (``cache`` or ``measured``)."""
     sizes = [s for s in CALIBRATION_SIZES if s <= max_nodes + 1] or [1]
@@ -213,6 +215,9 @@ def load_or_calibrate_costs(target: Any, proposer: Any | None, max_nodes: int, e
                 return model, "cache"
         except (OSError, ValueError, KeyError, TypeError, DFlashInputError):
             pass  # a damaged cache entry is measured again and replaced
+    if log is not None:
+        log(f"measuring this machine's verify cost curve (trees of {sizes[0]}..{sizes[-1]} nodes; once, then "
+            f"cached in {path.parent})")
     model = calibrate_costs(target, proposer, sizes)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -220,6 +225,19 @@ def load_or_calibrate_costs(target: Any, proposer: Any | None, max_nodes: int, e
     except OSError:
         pass  # a read-only home: the curve is measured again next time
     return model, "measured"
+
+
+#: Largest tree the default policy considers (draft nodes): flat-cost GPUs go this far, CPUs stop early.
+DEFAULT_MAX_NODES = 64
+
+
+def default_policy(target: Any, proposer: Any | None, max_nodes: int = DEFAULT_MAX_NODES, lookup: bool = True,
+                   recalibrate: bool = False, log: Any = None) -> CostAwarePolicy:
+    """What ``examples/run.py`` uses with no decoding flags: the cost curve of this machine,
+    target and drafter (measured once, then cached), and lookup branches."""
+    costs, _ = load_or_calibrate_costs(target, proposer, max_nodes, refresh=recalibrate, log=log)
+    block = int(getattr(proposer, "block_size", 2)) if proposer is not None else 2
+    return CostAwarePolicy(costs, PolicyConfig(max_nodes=max_nodes, lookup=lookup), block_size=block)
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -388,13 +406,13 @@ class CostAwarePolicy:
         order, values = pool.ranked()
         drafted = draft_logits is not None
         n, tokens, seconds = self._best_size(values, drafted)
+        if drafted:
+            self._judge_drafting(np.sort(np.fromiter(lookup_values.values(), float))[::-1], tokens / seconds)
         if n == 0 and len(values) and (drafted or self._explore()):
             # Verify the best candidate anyway: a paid-for draft (or, now and then, a lookup
             # branch) that is never verified never gets a label, and a calibration that has
             # given up on a source could then never see it improve.
             n, tokens, seconds = 1, 1.0 + float(values[0]), self._step_seconds(1, drafted)
-        if drafted:
-            self._judge_drafting(np.sort(np.fromiter(lookup_values.values(), float))[::-1], tokens / seconds)
         tree, kept = pool.select(order[:n])
         sources = np.asarray([pool.sources[i] for i in kept])
         return StepPlan(

@@ -376,13 +376,13 @@ def test_training_updates_only_adapters_and_learns(tmp_path):
 
 def test_bench_methods_run_through_the_harness(tmp_path, monkeypatch):
     from tensorrt_llm_dflash import bench
-    from tensorrt_llm_dflash.lora_inject import register_bench_methods
+    from tensorrt_llm_dflash.bench import register_lora_inject
     from tensorrt_llm_dflash.sampling import SamplingParams
 
     model = target("llama")
     drafter(model, 5, std=0.15).save_pretrained(tmp_path)
     monkeypatch.setattr(bench, "METHOD_KINDS", dict(bench.METHOD_KINDS))
-    register_bench_methods(tmp_path)
+    register_lora_inject(tmp_path)
     methods = bench.parse_methods(["ar", "lora_inject", "lora_inject_ddtree:8"])
     assert bench.needs_drafter(methods)
     ctx = bench.BenchContext(model, 24, SamplingParams())
