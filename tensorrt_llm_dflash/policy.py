@@ -133,14 +133,18 @@ def calibrate_costs(target: Any, proposer: Any | None, sizes: Sequence[int] = CA
                     repeats: int = 5, context_len: int = 160) -> CostModel:
     """Time verify passes of the given tree sizes (and one draft) on a synthetic prompt.
 
-    The median of ``repeats`` timed passes after one warm-up; the KV cache gains one token
-    per pass (only the root is committed), so every size sees about the same context.
+    The median of ``repeats`` timed passes after one warm-up, each size after a fresh
+    prefill of the same prompt; only the root is committed, so every pass sees about the
+    same context.
     """
     sizes = [s for s in sizes if s >= 1]
+    # Each size starts from a fresh prefill, so the context never outgrows the model (or an engine).
+    limit = int(getattr(target, "max_positions", 1 << 30)) - (repeats + 1) - max(sizes) - 1
+    context_len = max(1, min(context_len, limit, int(getattr(target, "max_prompt_len", context_len))))
     prompt = [(i * 7919) % min(target.vocab_size, 32000) for i in range(1, context_len + 1)]
-    _, features = target.prefill(prompt)
     times: list[float] = []
     for size in sizes:
+        _, features = target.prefill(prompt)
         samples = []
         for rep in range(repeats + 1):
             tree = _calibration_tree(size, target.vocab_size)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,8 @@ for p in (str(ROOT), str(TESTS)):
 
 # Tiny float64 models: one thread is faster than two on a shared 2-core machine.
 torch.set_num_threads(1)
+# Cost curves measured by the tests stay in the session, not in the user's cache (subprocesses inherit it).
+os.environ["TENSORRT_LLM_DFLASH_CACHE"] = tempfile.mkdtemp(prefix="dflash-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -676,3 +676,30 @@ def test_cli_end_to_end_on_tiny_model_dirs(tiny_pair, tmp_path, capsys):
     assert list(doc["methods"]) == ["ar", "hf", "pld", "dflash", "ddtree:4"]
     assert all(m["new_tokens"] == 16 for m in doc["methods"].values())
     assert "| ddtree:4 |" in capsys.readouterr().out
+
+
+def test_default_and_auto_methods_run_the_cost_aware_tree(tiny_pair, tmp_path, monkeypatch):
+    """``default`` is run.py's default (the cost-aware tree with lookup branches): lossless,
+    and the report says what it resolved to, what it predicted and chose."""
+    monkeypatch.setenv("TENSORRT_LLM_DFLASH_CACHE", str(tmp_path / "cache"))
+    target, drafter = tiny_pair
+    prompts = tiny_prompts(tmp_path)
+    methods = bench.parse_methods(["ar", "default", "auto:4"])
+    assert [m.param for m in methods] == [None, None, 4]
+    ctx = bench.BenchContext(target, 12, SamplingParams(), drafter=drafter)
+    records = bench.run_benchmark(ctx, methods, prompts, progress=False)
+    summary = bench.summarize(records, methods, greedy=True)
+    assert summary["all_outputs_match"] is True, bench.mismatch_lines(summary)
+    default = summary["methods"]["default"]
+    assert "cost-aware DDTree" in default["resolves_to"] and "run.py" in default["resolves_to"]
+    assert default["predicted_decode_tokens_per_second"] > 0 and default["measured_decode_tokens_per_second"] > 0
+    assert sum(default["chosen_nodes_histogram"].values()) == default["target_steps"]
+    assert 0 <= default["lookup_token_share"] <= 1 and 0 < default["drafted_step_share"] <= 1
+    assert max(summary["methods"]["auto:4"]["chosen_nodes_histogram"]) <= 4
+    assert "drafted_step_share" not in summary["methods"]["ar"]
+    markdown = bench.results_markdown(summary, {"config": {}}, [])
+    assert "| default | cost-aware DDTree" in markdown and "predicted tok/s" in markdown
+    assert list((tmp_path / "cache" / "costs").glob("*.json")), "the cost curve is cached"
+    for bad in ("default:3", "auto:0", "auto:x"):
+        with pytest.raises(DFlashInputError):
+            bench.parse_methods([bad])

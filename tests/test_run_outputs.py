@@ -125,3 +125,47 @@ def test_speculative_low_precision_runs_warn_that_output_may_differ(run_module, 
     err = capsys.readouterr().err
     assert rc == 0
     assert (f"warning: --dtype {dtype}: speculative output is not guaranteed" in err) == warned, err
+
+
+def test_default_run_is_the_cost_aware_tree_and_equals_ar(run_module, target_dir, tmp_path, capsys):
+    """No decoding flags: the cost-aware tree with lookup branches; its output is AR's, and a
+    fixed --ddtree_budget still runs the plain DDTree."""
+    import torch
+    from tiny_models import tiny_drafter
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.target import load_target
+
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    drafter_dir = tmp_path / "drafter"
+    save_dflash_drafter(tiny_drafter(model, block_size=4), drafter_dir, dtype=torch.float32)
+    outputs = {}
+    for name, extra in (("default", []), ("fixed", ["--ddtree_budget", "6"]),
+                        ("ar", ["--speculative_decoding_mode", "none"])):
+        out = tmp_path / f"{name}.json"
+        argv = ["--target_model_dir", str(target_dir), "--max_output_len", "12", "--output_json", str(out),
+                "--input_text", "abab abab ab", "hello"]
+        if name != "ar":
+            argv += ["--draft_model_dir", str(drafter_dir)]
+        assert run_module.main(argv + extra) == 0
+        outputs[name] = json.loads(out.read_text())
+    capsys.readouterr()
+    assert outputs["default"]["mode"].startswith("cost-aware DDTree (<= 64 nodes, lookup branches)")
+    assert outputs["fixed"]["mode"] == "DDTree budget 6"
+    ids = {name: [o["output_ids"] for o in doc["outputs"]] for name, doc in outputs.items()}
+    assert ids["default"] == ids["ar"] == ids["fixed"]
+    stats = outputs["default"]["outputs"][0]["stats"]
+    assert len(stats["predicted_tokens"]) == stats["steps"] == len(stats["drafted"])
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--ddtree_budget", "8", "--max_tree_nodes", "4"], "--max_tree_nodes"),
+    (["--ddtree_budget", "0", "--no_lookup"], "--no_lookup"),
+    (["--speculative_decoding_mode", "none", "--recalibrate"], "--recalibrate"),
+])
+def test_cost_aware_flags_without_the_cost_aware_tree_are_refused(run_module, extra, flag, capsys):
+    with pytest.raises(SystemExit) as exc:
+        run_module.main(extra)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"argument {flag}" in err

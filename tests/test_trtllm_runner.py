@@ -154,3 +154,32 @@ def test_run_py_generates_with_the_engine(engine, tmp_path, capsys):
     stop = expected.output_ids.index(1) + 1 if 1 in expected.output_ids else len(expected.output_ids)
     assert record["output_ids"] == expected.output_ids[:stop]
     assert record["output_text"] == " ".join(word(t) for t in record["output_ids"] if t != 1)
+
+
+def test_run_py_default_is_the_cost_aware_tree_on_the_engine(engine, tmp_path, capsys):
+    """No --ddtree_budget: the engine runs the same cost-aware policy through the shared loop;
+    its cost curve is measured on the engine (passes up to max_draft_len + 1 nodes), trees never
+    exceed the engine's size, and the output is the PyTorch runtime's (AR's) output."""
+    root, target, drafter, engine_dir = engine
+    word_tokenizer(tmp_path / "tokenizer")
+    with standin.active(root / "lib"):
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("run_example", standin.ROOT / "examples" / "run.py")
+        run = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(run)
+        out = tmp_path / "out.json"
+        prompt = PROMPTS[0] + PROMPTS[0][:6]  # repeats: lookup branches have candidates
+        code = run.main(["--engine_dir", str(engine_dir), "--tokenizer_dir", str(tmp_path / "tokenizer"),
+                         "--no_chat_template", "--input_text", " ".join(word(t) for t in prompt),
+                         "--max_output_len", "12", "--device", "cpu", "--output_json", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "measuring this machine's verify cost curve" in err
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == f"cost-aware DDTree (<= {MAX_DRAFT_LEN} nodes, lookup branches)"
+    record = doc["outputs"][0]
+    expected = pytorch_run(target, drafter, prompt, 0, max_new=12)
+    stop = expected.output_ids.index(1) + 1 if 1 in expected.output_ids else len(expected.output_ids)
+    assert record["output_ids"] == expected.output_ids[:stop]
+    assert max(record["stats"]["tree_sizes"]) <= MAX_DRAFT_LEN + 1

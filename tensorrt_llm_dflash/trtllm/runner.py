@@ -103,6 +103,8 @@ class DFlashEngineTarget:
         self.max_draft_len = int(self.pretrained["max_draft_len"])
         self.vocab_size = int(self.pretrained["vocab_size"])
         self.max_seq_len = int(self.build["max_seq_len"])
+        #: Longest prompt one context pass takes (the engine's --max_input_len).
+        self.max_prompt_len = int(self.build.get("max_input_len", self.max_seq_len))
         self.max_positions = min(int(self.pretrained["max_position_embeddings"]), self.max_seq_len - self.max_draft_len)
         self.num_layers = int(self.pretrained["num_hidden_layers"])
         self.kv_heads = max(int(self.pretrained["num_key_value_heads"]) // tp, 1)
