@@ -95,7 +95,18 @@ class CostModel:
 
     def verify_many(self, max_nodes: int) -> np.ndarray:
         """verify(n) for n = 1..max_nodes."""
-        return np.array([self.verify(n) for n in range(1, max_nodes + 1)])
+        n = np.arange(1, max_nodes + 1)
+        x, y = np.asarray(self.sizes, dtype=np.float64), np.asarray(self.verify_seconds)
+        if len(x) == 1:
+            out = y[0] * n / x[0]
+        else:
+            slope = (y[-1] - y[-2]) / max(x[-1] - x[-2], 1)
+            out = np.where(n <= x[-1], np.interp(n, x, y), y[-1] + slope * (n - x[-1]))
+        out = out * self.scale
+        for size, (ema, count) in self.observed.items():
+            if count >= 2 and size <= max_nodes:
+                out[size - 1] = ema
+        return out
 
     def observe_verify(self, nodes: int, seconds: float) -> None:
         seen = self.observed.setdefault(int(nodes), [seconds, 0])
@@ -315,6 +326,8 @@ LOOKUP_EDGES = (0.5, 1.5, 2.5, 3.5, float("inf"))
 # ----------------------------------------------------------------------------- the policy
 
 
+#: Smallest DDTree candidate pool, and the number of recent steps whose largest choice sizes it.
+POOL_MIN, POOL_WINDOW = 16, 32
 #: A lookup-only step whose best choice is n = 0 verifies its best candidate anyway once in this many.
 EXPLORE_EVERY = 8
 
@@ -361,6 +374,10 @@ class CostAwarePolicy:
         self.skip_left = 0
         self.backoff = 2
         self._undrafted_zero = 0  # lookup-only steps that chose n = 0 (every EXPLORE_EVERY-th explores)
+        # DDTree pool size: twice the largest tree chosen lately (at least POOL_MIN), so a CPU that
+        # verifies a few nodes does not rank 64 each step, and a growing choice can double per step.
+        self._pool = self.config.max_nodes
+        self._recent_sizes: list[int] = []
 
     def describe(self) -> dict[str, Any]:
         return {"policy": "cost-aware DDTree + lookup branches", **asdict(self.config),
@@ -417,6 +434,8 @@ class CostAwarePolicy:
             # branch) that is never verified never gets a label, and a calibration that has
             # given up on a source could then never see it improve.
             n, tokens, seconds = 1, 1.0 + float(values[0]), self._step_seconds(1, drafted)
+        self._recent_sizes = (self._recent_sizes + [n])[-POOL_WINDOW:]
+        self._pool = max(POOL_MIN, 2 * max(self._recent_sizes))
         tree, kept = pool.select(order[:n])
         sources = np.asarray([pool.sources[i] for i in kept])
         return StepPlan(
@@ -430,7 +449,7 @@ class CostAwarePolicy:
     def _drafter_pool(self, root: int, draft_logits: torch.Tensor | None,
                       max_depth: int) -> tuple[CandidateTree, np.ndarray]:
         """The DDTree candidate pool and each node's marginal probability under the drafter."""
-        budget = self.config.max_nodes
+        budget = min(self.config.max_nodes, self._pool)
         if draft_logits is None or max_depth <= 0 or budget == 0:
             tree = build_ddtree(root, np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), 0)
             return CandidateTree.from_tree(tree, [1.0], DRAFTER), np.ones(1)
