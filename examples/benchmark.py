@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                                  drafter=drafter, tokenizer=tokenizer)
         records = bench.run_benchmark(ctx, methods, prompt_ids, seed=args.seed, warmup=not args.no_warmup,
                                       progress=not args.no_progress)
-        summary = bench.summarize(records, methods, sampling.greedy, dtype=args.dtype)
+        summary = bench.summarize(records, methods, sampling.greedy, dtype=args.dtype,
+                                  categories=[p.category for p in prompts])
         run_info = {
             "command": command,
             "git_commit": bench.git_commit(),

@@ -713,8 +713,18 @@ def check_outputs(records: dict[str, list[RequestRecord]], reference: str) -> di
 _NOT_CHECKED = {"outputs_match": None, "mismatches": [], "match_rate": None, "mean_first_difference": None}
 
 
+def tau_by_category(records: Sequence[RequestRecord], categories: Sequence[str | None]) -> dict[str, float]:
+    """Mean tau over the steps of the prompts of each category (prompts without one are left out)."""
+    steps: dict[str, list[int]] = {}
+    for r in records:
+        category = categories[r.prompt_index] if r.prompt_index < len(categories) else None
+        if category:
+            steps.setdefault(category, []).extend(r.acceptance_lengths)
+    return {c: float(np.mean(v)) if v else math.nan for c, v in sorted(steps.items())}
+
+
 def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method], greedy: bool,
-              dtype: Any = "float32") -> dict[str, Any]:
+              dtype: Any = "float32", categories: Sequence[str | None] = ()) -> dict[str, Any]:
     """Summaries, comparisons and (at T=0) the output check against the AR reference.
 
     ``dtype`` is the dtype the target ran in (a name such as ``"bfloat16"`` or a
@@ -733,6 +743,7 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
         summaries[m.label] = {"kind": m.kind, "param": m.param, "autoregressive": kind.autoregressive,
                               "budget": kind.budget(m), "budget_family": kind.budget_family,
                               "resolves_to": kind.describe(m) if kind.describe else None,
+                              "tau_by_category": tau_by_category(records[m.label], categories),
                               **summarize_method(records[m.label])}
     baselines = [m.label for m in methods if METHOD_KINDS[m.kind].autoregressive]
     base = compare_methods(summaries, baselines)
@@ -896,6 +907,13 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
                   "| method | tau, copyable steps | tau, other steps | copyable steps |", "|---|---:|---:|---:|"]
         lines += [f"| {label} | {_fmt(s['tau_copyable'])} | {_fmt(s['tau_elsewhere'])} | "
                   f"{_fmt(100 * s['copyable_step_fraction'], '.0f', '%')} |" for label, s in copy_rows]
+        lines.append("")
+    cats = sorted({c for s in methods.values() for c in s.get("tau_by_category", {})})
+    if cats:
+        lines += ["tau by prompt category:", "", "| method | " + " | ".join(cats) + " |",
+                  "|---|" + "---:|" * len(cats)]
+        lines += [f"| {label} | " + " | ".join(_fmt(s["tau_by_category"].get(c)) for c in cats) + " |"
+                  for label, s in methods.items()]
         lines.append("")
     policy_rows = [(label, s) for label, s in methods.items() if "drafted_step_share" in s]
     if policy_rows:

@@ -703,3 +703,10 @@ def test_default_and_auto_methods_run_the_cost_aware_tree(tiny_pair, tmp_path, m
     for bad in ("default:3", "auto:0", "auto:x"):
         with pytest.raises(DFlashInputError):
             bench.parse_methods([bad])
+
+
+def test_tau_by_category_groups_steps_by_the_prompt_category():
+    rows = [bench.RequestRecord(0, [1, 2, 3], 1.0, [1, 3], {}), bench.RequestRecord(1, [4], 1.0, [2], {}),
+            bench.RequestRecord(2, [5], 1.0, [4], {})]
+    assert bench.tau_by_category(rows, ["story", "poem", "story"]) == {"poem": 2.0, "story": 8 / 3}
+    assert bench.tau_by_category(rows, [None, None, None]) == {}
