@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from .errors import DFlashInputError
-from .policy import CostAwarePolicy
+from .policy import CostAwarePolicy, top_marginals
 from .sampling import SamplingParams, choose_tokens, make_generator
 from .tree import DRAFTER, DraftTree, build_chain, build_ddtree, validate_budget, walk
 
@@ -133,11 +133,7 @@ def draft_tree(root: int, draft_logits: torch.Tensor, budget: int, max_depth: in
         return build_chain(root, [])
     if budget == 0:
         return build_chain(root, logits.argmax(-1).cpu().numpy())
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    # A reduced draft vocabulary leaves -inf logits; never offer those as tree nodes.
-    k = min(budget, int(torch.isfinite(logprobs[0]).sum()))
-    values, tokens = torch.topk(logprobs, k, dim=-1)
-    return build_ddtree(root, values.cpu().numpy(), tokens.cpu().numpy(), budget)
+    return build_ddtree(root, *top_marginals(logits, budget), budget)
 
 
 def _single_prompt(prompt_ids: Any) -> list[int]:

@@ -326,6 +326,16 @@ LOOKUP_EDGES = (0.5, 1.5, 2.5, 3.5, float("inf"))
 # ----------------------------------------------------------------------------- the policy
 
 
+def top_marginals(draft_logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` most probable draft tokens per depth and their log-probabilities, ``[D, k]``
+    numpy arrays as ``tree.build_ddtree`` takes them. A reduced draft vocabulary leaves -inf
+    logits; those are never offered as tree nodes."""
+    logprobs = torch.log_softmax(draft_logits.float(), dim=-1)
+    k = min(k, int(torch.isfinite(logprobs[0]).sum()))
+    values, tokens = torch.topk(logprobs, k, dim=-1)
+    return values.cpu().numpy(), tokens.cpu().numpy()
+
+
 #: Smallest DDTree candidate pool, and the number of recent steps whose largest choice sizes it.
 POOL_MIN, POOL_WINDOW = 16, 32
 #: A lookup-only step whose best choice is n = 0 verifies its best candidate anyway once in this many.
@@ -453,10 +463,7 @@ class CostAwarePolicy:
         if draft_logits is None or max_depth <= 0 or budget == 0:
             tree = build_ddtree(root, np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), 0)
             return CandidateTree.from_tree(tree, [1.0], DRAFTER), np.ones(1)
-        logprobs = torch.log_softmax(draft_logits[:max_depth].float(), dim=-1)
-        k = min(budget, int(torch.isfinite(logprobs[0]).sum()))
-        values, tokens = torch.topk(logprobs, k, dim=-1)
-        values, tokens = values.cpu().numpy(), tokens.cpu().numpy()
+        values, tokens = top_marginals(draft_logits[:max_depth], budget)
         tree = build_ddtree(root, values, tokens, budget)
         marginal = np.ones(tree.num_nodes)
         lookup = [dict(zip(row_t.tolist(), row_v.tolist())) for row_t, row_v in zip(tokens, values)]

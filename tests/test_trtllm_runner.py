@@ -26,6 +26,16 @@ def engine(tmp_path_factory):
     return root, target, drafter, root / "engine"
 
 
+def _run_example():
+    """examples/run.py as a module, loaded under the active stand-in."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_example", standin.ROOT / "examples" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
+
+
 def load(engine_dir):
     from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget
 
@@ -137,11 +147,7 @@ def test_run_py_generates_with_the_engine(engine, tmp_path, capsys):
     root, target, drafter, engine_dir = engine
     word_tokenizer(tmp_path / "tokenizer")
     with standin.active(root / "lib"):
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("run_example", standin.ROOT / "examples" / "run.py")
-        run = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(run)
+        run = _run_example()
         out = tmp_path / "out.json"
         code = run.main(["--engine_dir", str(engine_dir), "--tokenizer_dir", str(tmp_path / "tokenizer"),
                          "--speculative_decoding_mode", "dflash", "--use_py_session", "--no_chat_template",
@@ -163,11 +169,7 @@ def test_run_py_default_is_the_cost_aware_tree_on_the_engine(engine, tmp_path, c
     root, target, drafter, engine_dir = engine
     word_tokenizer(tmp_path / "tokenizer")
     with standin.active(root / "lib"):
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("run_example", standin.ROOT / "examples" / "run.py")
-        run = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(run)
+        run = _run_example()
         out = tmp_path / "out.json"
         prompt = PROMPTS[0] + PROMPTS[0][:6]  # repeats: lookup branches have candidates
         code = run.main(["--engine_dir", str(engine_dir), "--tokenizer_dir", str(tmp_path / "tokenizer"),
