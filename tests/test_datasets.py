@@ -510,3 +510,38 @@ def test_training_on_a_single_sequence_is_refused_by_name(tmp_path, target_dir, 
     assert train_dflash.main(["--target_model_dir", str(target_dir), "--num_prompts", "1", "--work_dir",
                               str(tmp_path / "w"), "--output_dir", str(tmp_path / "o"), *TINY]) == 2
     assert "training needs at least 2" in capsys.readouterr().err
+
+
+def test_bf16_data_precision_answers_with_a_bf16_copy_and_is_fingerprinted(tmp_path, target_dir, train_dflash,
+                                                                           capsys):
+    """--data_precision bf16: the shards hold exactly what a bf16 copy of the target answers
+    (tokens and features), training and export still run on the fp32 target, the work dir
+    records the precision (an fp32 resume is refused by name) and the model card says it."""
+    from tensorrt_llm_dflash.target import load_target
+    from tensorrt_llm_dflash.training.prompts import build_prompt_set
+
+    work = tmp_path / "work"
+    argv = ["--target_model_dir", str(target_dir), "--num_prompts", "3", "--work_dir", str(work),
+            "--output_dir", str(tmp_path / "out"), "--chat_share", "0", *TINY]
+    assert train_dflash.main([*argv, "--data_precision", "bf16"]) == 0
+    capsys.readouterr()
+    assert json.loads((work / "fingerprint.json").read_text())["data"]["data_precision"] == "bf16"
+    card = json.loads((tmp_path / "out" / "training_metrics.json").read_text())
+    assert card["data"]["data_precision"] == "bf16"
+    model, tok = load_target(target_dir)
+    prompts = build_prompt_set(3)
+    layer_ids = json.loads((work / "fingerprint.json").read_text())["data"]["layer_ids"]
+    by_hand = train_dflash.data_stage_model(model, "bf16")
+    assert by_hand.dtype == torch.bfloat16 and model.dtype == torch.float32, "the fp32 target is left as it was"
+    build_distillation_data(tmp_path / "bf16_by_hand", by_hand, tok, prompts, layer_ids, max_new_tokens=4,
+                            batch_size=48)
+    build_distillation_data(tmp_path / "fp32", model, tok, prompts, layer_ids, max_new_tokens=4, batch_size=48)
+    (shard,), (expected,), (fp32,) = (sorted(d.glob("shard_*.pt")) for d in
+                                      (work / "data", tmp_path / "bf16_by_hand", tmp_path / "fp32"))
+    shard, expected, fp32 = torch.load(shard), torch.load(expected), torch.load(fp32)
+    for key in ("input_ids", "features", "final_hidden"):
+        assert all(torch.equal(a, b) for a, b in zip(shard[key], expected[key])), key
+    assert not all(torch.equal(a, b) for a, b in zip(shard["features"], fp32["features"])), \
+        "the bf16 answers' features differ from fp32's: the flag reached the data stage"
+    assert train_dflash.main(argv) == 2
+    assert "data.data_precision" in capsys.readouterr().err
