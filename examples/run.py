@@ -58,8 +58,9 @@ def build_parser() -> cli.ArgumentParser:
                     help="cost-aware tree: the largest tree it may verify (default 64, or the engine's max_draft_len)")
     ap.add_argument("--no_lookup", action="store_true", help="cost-aware tree: no prompt-lookup branches")
     ap.add_argument("--recalibrate", action="store_true",
-                    help="cost-aware tree: measure this machine's verify cost curve again (it is cached per machine, "
-                         "target and drafter)")
+                    help="cost-aware tree: measure this machine's verify cost curve again and start the acceptance "
+                         "calibration from its priors (both are kept between runs: the curve per machine, target and "
+                         "drafter, the calibration per target and drafter)")
     ap.add_argument("--temperature", type=cli.number(0.0), default=0.0, help="0 = greedy")
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
@@ -113,7 +114,7 @@ def make_policy(args: argparse.Namespace, verifier: object, proposer: object):
 
         raise DFlashInputError(f"--max_tree_nodes={max_nodes} exceeds the engine's max_draft_len={engine_cap}")
     return default_policy(verifier, proposer, max_nodes, lookup=not args.no_lookup, recalibrate=args.recalibrate,
-                          log=lambda line: print(line, file=sys.stderr, flush=True))
+                          log=lambda line: print(line, file=sys.stderr, flush=True), persist=True)
 
 
 def build_pytorch(args: argparse.Namespace):
@@ -230,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 on_tokens=on_tokens if args.streaming else None, policy=policy,
             )
             elapsed = time.perf_counter() - t0
+            if policy is not None:
+                policy.save_calibration()  # after every prompt: the next run (or an interrupted one) keeps it
             text_out = tokenizer.decode(result.output_ids, skip_special_tokens=True)
             stats = result.stats
             if args.streaming:

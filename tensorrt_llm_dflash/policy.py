@@ -247,12 +247,55 @@ DEFAULT_MAX_NODES = 64
 
 
 def default_policy(target: Any, proposer: Any | None, max_nodes: int = DEFAULT_MAX_NODES, lookup: bool = True,
-                   recalibrate: bool = False, log: Any = None) -> CostAwarePolicy:
+                   recalibrate: bool = False, log: Any = None, persist: bool = False) -> CostAwarePolicy:
     """What ``examples/run.py`` uses with no decoding flags: the cost curve of this machine,
-    target and drafter (measured once, then cached), and lookup branches."""
+    target and drafter (measured once, then cached), and lookup branches.
+
+    ``persist``: start from the acceptance calibration an earlier run learned with this target
+    and drafter (``calibration_path``), and let ``save_calibration`` keep it for the next one,
+    so a one-prompt run starts where the last run ended instead of from the priors.
+    ``recalibrate`` starts both the cost curve and the calibration afresh."""
     costs, _ = load_or_calibrate_costs(target, proposer, max_nodes, refresh=recalibrate, log=log)
     block = int(getattr(proposer, "block_size", 2)) if proposer is not None else 2
-    return CostAwarePolicy(costs, PolicyConfig(max_nodes=max_nodes, lookup=lookup), block_size=block)
+    policy = CostAwarePolicy(costs, PolicyConfig(max_nodes=max_nodes, lookup=lookup), block_size=block)
+    if persist:
+        policy.calibration_path = calibration_path(target, proposer)
+        if policy.calibration_path is not None and not recalibrate and policy.calibration_path.is_file():
+            try:
+                restored = policy.load_calibration(json.loads(policy.calibration_path.read_text()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                restored = 0  # damaged or made for another shape: start from the priors, replace it later
+            if log is not None and restored:
+                log(f"acceptance calibration: continuing from earlier runs ({policy.calibration_path})")
+    return policy
+
+
+def _weights_digest(module: Any) -> str:
+    """A cheap identity of a module's weights: every tensor's shape and its first and last 256 values."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        for part in (flat[:256], flat[-256:]):
+            digest.update(part.to(torch.float64).cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def calibration_path(target: Any, proposer: Any | None) -> Path | None:
+    """Where the acceptance calibration of this target and drafter is kept (beside the cost
+    curves): keyed by the models' weights and dtypes, not the machine, since acceptance does
+    not depend on it; a retrained drafter of the same shape starts afresh. None when the
+    models' weights cannot be read here (an engine): nothing is kept."""
+    parts = []
+    for owner in (target, proposer):
+        model = getattr(owner, "model", None)
+        if isinstance(model, torch.nn.Module):
+            parts += [type(owner).__name__, str(getattr(owner, "dtype", "")),
+                      str(getattr(owner, "block_size", "")), _weights_digest(model)]
+    if not parts:
+        return None
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    return cost_cache_dir().parent / "calibration" / f"{key}.json"
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -307,6 +350,22 @@ class Calibrator:
         rows = np.clip(np.asarray(rows, dtype=np.int64), 0, self.rows - 1)
         return self.table()[rows, self._bins(np.asarray(scores, dtype=np.float64))]
 
+    def state(self) -> dict[str, Any]:
+        return {"edges": [float(e) for e in self.edges], "hits": self.hits.tolist(), "trials": self.trials.tolist()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Counts saved by :meth:`state`; a ValueError if they were made for other rows or bins."""
+        edges = np.asarray(state["edges"], dtype=np.float64)
+        hits, trials = np.asarray(state["hits"], dtype=np.float64), np.asarray(state["trials"], dtype=np.float64)
+        if edges.shape != self.edges.shape or not np.array_equal(edges, self.edges):
+            raise ValueError("calibration bins differ")
+        if hits.shape != self.hits.shape or trials.shape != self.trials.shape:
+            raise ValueError(f"calibration rows differ: {hits.shape} != {self.hits.shape}")
+        if not (np.all(np.isfinite(hits)) and np.all(np.isfinite(trials)) and np.all(hits >= 0)
+                and np.all(hits <= trials + 1e-9)):
+            raise ValueError("calibration counts out of range")
+        self.hits, self.trials, self._table = hits, trials, None
+
     def update(self, rows: np.ndarray, scores: np.ndarray, accepted: np.ndarray) -> None:
         self.hits *= self.decay
         self.trials *= self.decay
@@ -336,6 +395,8 @@ def top_marginals(draft_logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.nd
     return values.cpu().numpy(), tokens.cpu().numpy()
 
 
+#: Format of a saved calibration (``CostAwarePolicy.calibration_state``).
+CALIBRATION_VERSION = 1
 #: Smallest DDTree candidate pool, and the number of recent steps whose largest choice sizes it.
 POOL_MIN, POOL_WINDOW = 16, 32
 #: A lookup-only step whose best choice is n = 0 verifies its best candidate anyway once in this many.
@@ -388,6 +449,8 @@ class CostAwarePolicy:
         # verifies a few nodes does not rank 64 each step, and a growing choice can double per step.
         self._pool = self.config.max_nodes
         self._recent_sizes: list[int] = []
+        #: Where ``save_calibration`` keeps what was learned for the next run (None: not kept).
+        self.calibration_path: Path | None = None
 
     def describe(self) -> dict[str, Any]:
         return {"policy": "cost-aware DDTree + lookup branches", **asdict(self.config),
@@ -399,11 +462,51 @@ class CostAwarePolicy:
     def _calibration(self) -> tuple[Calibrator, Calibrator]:
         key = round(self.temperature, 3)
         if key not in self._calibrators:
-            self._calibrators[key] = (
-                Calibrator(max(self.block_size - 1, 1), DRAFT_EDGES, prior="identity"),
-                Calibrator(self.config.lookup_tokens, LOOKUP_EDGES, prior=0.5),
-            )
+            self._calibrators[key] = self._new_calibrators()
         return self._calibrators[key]
+
+    def _new_calibrators(self) -> tuple[Calibrator, Calibrator]:
+        return (Calibrator(max(self.block_size - 1, 1), DRAFT_EDGES, prior="identity"),
+                Calibrator(self.config.lookup_tokens, LOOKUP_EDGES, prior=0.5))
+
+    def calibration_state(self) -> dict[str, Any]:
+        """What the calibrators learned, per temperature (JSON-ready)."""
+        return {"version": CALIBRATION_VERSION, "block_size": self.block_size,
+                "lookup_tokens": self.config.lookup_tokens,
+                "temperatures": {f"{t:g}": {"draft": d.state(), "lookup": lk.state()}
+                                 for t, (d, lk) in sorted(self._calibrators.items())}}
+
+    def load_calibration(self, state: dict[str, Any]) -> int:
+        """Restore :meth:`calibration_state`; returns how many temperatures were restored. A
+        state made for another block size or lookup length, or damaged, restores nothing
+        (ValueError): the calibration starts from the priors, as it would with no state."""
+        if (state.get("version") != CALIBRATION_VERSION or state.get("block_size") != self.block_size
+                or state.get("lookup_tokens") != self.config.lookup_tokens):
+            raise ValueError("calibration made for another drafter shape or policy version")
+        restored: dict[float, tuple[Calibrator, Calibrator]] = {}
+        saved_temperature = self.temperature
+        try:
+            for key, parts in state["temperatures"].items():
+                self.temperature = float(key)
+                fresh = self._new_calibrators()
+                fresh[0].load_state(parts["draft"])
+                fresh[1].load_state(parts["lookup"])
+                restored[round(self.temperature, 3)] = fresh
+        finally:
+            self.temperature = saved_temperature
+        self._calibrators.update(restored)
+        return len(restored)
+
+    def save_calibration(self) -> None:
+        """Write the calibration to ``calibration_path`` (set by ``default_policy(persist=True)``),
+        atomically; a read-only cache directory is not an error (the next run starts afresh)."""
+        if self.calibration_path is None or not self._calibrators:
+            return
+        try:
+            self.calibration_path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(self.calibration_path, self.calibration_state())
+        except OSError:
+            pass
 
     def wants_draft(self) -> bool:
         if self.skip_left > 0:

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -28,6 +30,8 @@ from tensorrt_llm_dflash.policy import (
     CostModel,
     PolicyConfig,
     calibrate_costs,
+    calibration_path,
+    default_policy,
     load_or_calibrate_costs,
 )
 from tensorrt_llm_dflash.sampling import SamplingParams
@@ -335,3 +339,66 @@ def test_online_refinement_moves_the_curve():
         costs.observe_verify(5, 2 * costs.curve(5))
     assert costs.verify(5) == pytest.approx(2 * costs.curve(5), rel=0.01)
     assert costs.verify(9) > 1.8 * before, "the drift carries to sizes not seen yet"
+
+
+# ------------------------------------------------------------------------- kept between runs
+
+
+def _trained_policy(block_size: int = 4) -> CostAwarePolicy:
+    policy = CostAwarePolicy(frozen(cpu_like()), PolicyConfig(max_nodes=30), block_size=block_size)
+    logits = torch.tensor(_geometric_pool(0.9, depth=block_size - 1))
+    rng = np.random.default_rng(0)
+    for temperature in (0.0, 1.0):
+        policy.begin(temperature)
+        for _ in range(40):
+            plan = policy.plan(0, logits, np.array([3, 4, 3]), max_depth=block_size - 1)
+            choices = np.where(rng.random(plan.tree.num_nodes) < 0.5, 0, 99)
+            policy.observe(plan, choices, {"verify": 1.0, "draft": 0.1, "other": 0.0})
+    return policy
+
+
+def test_calibration_state_round_trips_through_json_and_refuses_another_shape():
+    policy = _trained_policy()
+    state = json.loads(json.dumps(policy.calibration_state()))
+    assert sorted(state["temperatures"]) == ["0", "1"]
+    fresh = CostAwarePolicy(frozen(cpu_like()), PolicyConfig(max_nodes=30), block_size=4)
+    assert fresh.load_calibration(state) == 2
+    for temperature in (0.0, 1.0):
+        policy.begin(temperature)
+        fresh.begin(temperature)
+        for mine, theirs in zip(policy._calibration(), fresh._calibration()):
+            np.testing.assert_array_equal(mine.table(), theirs.table())
+            assert mine.trials.sum() > 0
+    other = CostAwarePolicy(frozen(cpu_like()), PolicyConfig(max_nodes=30), block_size=8)
+    with pytest.raises(ValueError, match="another drafter shape"):
+        other.load_calibration(state)
+    damaged = json.loads(json.dumps(state))
+    damaged["temperatures"]["1"]["draft"]["hits"][0][0] = 1e9  # more hits than trials
+    keeps = CostAwarePolicy(frozen(cpu_like()), PolicyConfig(max_nodes=30), block_size=4)
+    with pytest.raises(ValueError, match="out of range"):
+        keeps.load_calibration(damaged)
+    assert keeps._calibrators == {}, "a damaged state restores nothing, not half of it"
+
+
+def test_default_policy_keeps_the_calibration_per_target_and_drafter(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORRT_LLM_DFLASH_CACHE", str(tmp_path))
+    model = cached_target("qwen3", seed=0, vocab=32)
+    proposer, layer_ids = build_proposer("drafter", model, 4, 0, [])
+    target = HFTargetVerifier(model, layer_ids)
+    other, _ = build_proposer("drafter", model, 4, 1, [])
+    policy = default_policy(target, proposer, max_nodes=4, persist=True)
+    assert policy.calibration_path == calibration_path(target, proposer) != calibration_path(target, other)
+    assert policy.calibration_path.parent == tmp_path / "calibration"
+    learned = _trained_policy()
+    policy.load_calibration(learned.calibration_state())
+    policy.save_calibration()
+    lines = []
+    again = default_policy(target, proposer, max_nodes=4, persist=True, log=lines.append)
+    learned.begin(0.0)
+    np.testing.assert_array_equal(again._calibration()[0].table(), learned._calibration()[0].table())
+    assert any("continuing from earlier runs" in line for line in lines)
+    assert default_policy(target, proposer, max_nodes=4, persist=True, recalibrate=True)._calibrators == {}
+    assert default_policy(target, other, max_nodes=4, persist=True)._calibrators == {}, "another drafter"
+    assert default_policy(target, proposer, max_nodes=4)._calibrators == {}, "not kept unless asked"
+    policy.calibration_path.write_text("{not json")
+    assert default_policy(target, proposer, max_nodes=4, persist=True)._calibrators == {}, "damaged: priors"

@@ -158,6 +158,39 @@ def test_default_run_is_the_cost_aware_tree_and_equals_ar(run_module, target_dir
     assert len(stats["predicted_tokens"]) == stats["steps"] == len(stats["drafted"])
 
 
+
+def test_default_run_continues_the_calibration_of_the_last_run(run_module, target_dir, tmp_path, capsys):
+    """run.py keeps the acceptance calibration (per target and drafter) for the next run, which
+    starts from it (output still AR's); --recalibrate starts from the priors."""
+    import torch
+    from tiny_models import tiny_drafter
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.policy import cost_cache_dir
+    from tensorrt_llm_dflash.target import load_target
+
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    drafter_dir = tmp_path / "drafter"
+    save_dflash_drafter(tiny_drafter(model, block_size=4), drafter_dir, dtype=torch.float32)
+    argv = ["--target_model_dir", str(target_dir), "--max_output_len", "12", "--input_text", "abab abab ab",
+            "--draft_model_dir", str(drafter_dir)]
+    saved = cost_cache_dir().parent / "calibration"
+    before = set(saved.glob("*.json")) if saved.is_dir() else set()
+    outputs = []
+    for extra in ([], [], ["--recalibrate"]):
+        out = tmp_path / f"run{len(outputs)}.json"
+        capsys.readouterr()
+        assert run_module.main(argv + extra + ["--output_json", str(out)]) == 0
+        outputs.append((json.loads(out.read_text())["outputs"][0]["output_ids"], capsys.readouterr().err))
+    (path,) = set(saved.glob("*.json")) - before
+    state = json.loads(path.read_text())
+    assert state["block_size"] == 4 and sum(map(sum, state["temperatures"]["0"]["draft"]["trials"])) > 0
+    assert "continuing from earlier runs" not in outputs[0][1]
+    assert "acceptance calibration: continuing from earlier runs" in outputs[1][1]
+    assert "continuing from earlier runs" not in outputs[2][1], "--recalibrate starts from the priors"
+    assert outputs[0][0] == outputs[1][0] == outputs[2][0]
+
+
 @pytest.mark.parametrize("extra, flag", [
     (["--ddtree_budget", "8", "--max_tree_nodes", "4"], "--max_tree_nodes"),
     (["--ddtree_budget", "0", "--no_lookup"], "--no_lookup"),
