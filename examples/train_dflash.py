@@ -15,9 +15,12 @@ that is too long; a conversation whose first prompt alone leaves no room for an 
 skipped and reported. Malformed lines are reported by number and skipped (--strict: the
 file is refused at the first one, before any model loads). See docs/training.md.
 
-The shipped demo drafter was made with:
+The shipped demo drafter was made by a chain of runs, each continuing the last with
+--init_drafter; the commands are in its model card,
+tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash/README.md ("How it was made").
+The first of them trains a drafter from scratch in about 90 CPU minutes:
     python examples/train_dflash.py --output_dir tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash \
-        --work_dir runs/smollm2 --data_minutes 44 --train_minutes 41 --precision bf16 --lr 2e-3
+        --work_dir runs/smollm2 --chat_share 0 --data_minutes 44 --train_minutes 41 --precision bf16 --lr 2e-3
 """
 
 from __future__ import annotations
