@@ -545,3 +545,37 @@ def test_bf16_data_precision_answers_with_a_bf16_copy_and_is_fingerprinted(tmp_p
         "the bf16 answers' features differ from fp32's: the flag reached the data stage"
     assert train_dflash.main(argv) == 2
     assert "data.data_precision" in capsys.readouterr().err
+
+
+def test_heldout_tau_scores_drafters_on_conversations_no_data_stage_reaches(tmp_path, target_dir, capsys):
+    """examples/heldout_tau.py: the held-out conversations are the tail of the data stage's
+    order (disjoint from the head a budgeted run answers), and every drafter gets chat and
+    code chain tau from the same cached answers."""
+    from tiny_models import tiny_drafter
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.target import load_target
+
+    heldout = load_example("heldout_tau")
+    conversations, is_code = heldout.heldout_conversations(0.6, 40)
+    head, _ = heldout.heldout_conversations(0.6, 12117)
+    assert {c.key for c in conversations} == {c.key for c in head[-40:]} and any(is_code) and not all(is_code)
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    dirs = []
+    for seed in (0, 1):
+        dirs.append(tmp_path / f"d{seed}")
+        save_dflash_drafter(tiny_drafter(model, block_size=4, seed=seed), dirs[-1], dtype=torch.float32)
+    out = tmp_path / "heldout.json"
+    argv = ["--target_model_dir", str(target_dir), "--work_dir", str(tmp_path / "w"), "--num_conversations", "6",
+            "--max_new_tokens", "4", "--threads", "1", "--output_json", str(out),
+            "--drafters", f"a={dirs[0]}", f"b={dirs[1]}"]
+    assert heldout.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"a", "b"}
+    for scores in results.values():
+        assert sum(group["sequences"] for group in scores.values()) == 6
+        assert all(1.0 <= group["chain_tau"] <= 4.0 for group in scores.values())
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        heldout.main([*argv[:-3], "--drafters", "no_equals_sign"])
+    assert exc.value.code == 2 and "--drafters: 'no_equals_sign' is not NAME=DIR" in capsys.readouterr().err
