@@ -484,16 +484,11 @@ class CostAwarePolicy:
                 or state.get("lookup_tokens") != self.config.lookup_tokens):
             raise ValueError("calibration made for another drafter shape or policy version")
         restored: dict[float, tuple[Calibrator, Calibrator]] = {}
-        saved_temperature = self.temperature
-        try:
-            for key, parts in state["temperatures"].items():
-                self.temperature = float(key)
-                fresh = self._new_calibrators()
-                fresh[0].load_state(parts["draft"])
-                fresh[1].load_state(parts["lookup"])
-                restored[round(self.temperature, 3)] = fresh
-        finally:
-            self.temperature = saved_temperature
+        for key, parts in state["temperatures"].items():
+            draft, lookup = self._new_calibrators()
+            draft.load_state(parts["draft"])
+            lookup.load_state(parts["lookup"])
+            restored[round(float(key), 3)] = (draft, lookup)
         self._calibrators.update(restored)
         return len(restored)
 
