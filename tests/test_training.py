@@ -337,3 +337,34 @@ def test_copyable_anchors_follow_the_benchmark_rule(seed):
             assert bool(got[b, n]) == want
             if a >= 1:  # one step whose last committed token is the anchor
                 assert bench.copyable_steps(t[:a], t[a:], [1]) == [want]
+
+
+def test_prompt_set_does_not_depend_on_the_calling_process(tmp_path):
+    """A ``chunk.py`` beside the calling script (sys.path[0]) must not replace the stdlib's
+    ``chunk``, and an earlier ``import torch`` (which patches ``inspect.getfile``) must not drop
+    a function: the set, and so the data order of a training run, would change with the
+    directory a script runs from and what it imported first."""
+    import subprocess
+    import sys
+
+    script = ("import hashlib, sys\n"
+              "from tensorrt_llm_dflash.training.prompts import build_prompt_set\n"
+              "prompts = build_prompt_set()\n"
+              "print(len(prompts), hashlib.sha256('\\n'.join(prompts).encode()).hexdigest(),\n"
+              "      any('read_shadow_chunk' in p for p in prompts))\n")
+    results = []
+    for name, shadow in (("clean", False), ("shadowed", True), ("after_torch", False)):
+        folder = tmp_path / name
+        folder.mkdir()
+        # torch replaces inspect.getfile when imported: the scan must not see the replacement.
+        (folder / "count.py").write_text(("import torch\n" if name == "after_torch" else "") + script)
+        if shadow:
+            (folder / "chunk.py").write_text(
+                "def read_shadow_chunk(size):\n"
+                "    '''Read one chunk of the given size from the shadowing module of this test.'''\n")
+        out = subprocess.run([sys.executable, str(folder / "count.py")], cwd=folder, capture_output=True, text=True,
+                             check=True, timeout=300)
+        results.append(out.stdout.split())
+    assert results[0][2] == results[1][2] == "False"
+    assert results[0] == results[1], "the shadowing file changed the prompt set"
+    assert results[0] == results[2], "importing torch first changed the prompt set"
