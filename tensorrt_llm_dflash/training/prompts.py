@@ -178,8 +178,12 @@ def _scan_in_a_clean_interpreter() -> tuple[tuple[str, str, str], ...]:
             "json.dump(_scan_stdlib(), open(sys.argv[2], 'w'))")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "scan.json"
-        subprocess.run([sys.executable, "-I", "-c", code, root, str(out)], cwd=tmp, check=True, timeout=900,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        done = subprocess.run([sys.executable, "-I", "-c", code, root, str(out)], cwd=tmp, timeout=900,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0 or not out.is_file():
+            raise RuntimeError(f"the standard-library scan for the built-in prompt set failed in a clean "
+                               f"interpreter ({sys.executable} -I, exit code {done.returncode}):\n"
+                               f"{done.stderr[-2000:]}")
         return tuple(tuple(entry) for entry in json.loads(out.read_text()))
 
 
