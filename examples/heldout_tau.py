@@ -21,8 +21,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from train_dflash import builtin_conversation  # noqa: E402  (examples/, as the data stage builds them)
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.drafter import load_dflash_drafter  # noqa: E402
@@ -63,14 +65,7 @@ def heldout_conversations(chat_share: float, count: int) -> tuple[list[Conversat
     random.Random(0).shuffle(order)  # build_conversation_data's order (its seed 0)
     code = set(build_prompt_set())
     chosen = [turns[i] for i in order[-count:]]
-    conversations = []
-    for number, user_turns in enumerate(chosen, start=1):
-        messages: list[dict[str, str]] = []
-        for turn in user_turns:
-            if messages:
-                messages.append({"role": "assistant", "content": ""})
-            messages.append({"role": "user", "content": turn})
-        conversations.append(Conversation(messages=tuple(messages), line=number, shape="built-in"))
+    conversations = [builtin_conversation(user_turns, number) for number, user_turns in enumerate(chosen, start=1)]
     return conversations, [len(t) == 1 and t[0] in code for t in chosen]
 
 
