@@ -134,8 +134,8 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--data_precision", choices=["fp32", "bf16"], default="fp32",
                     help="dtype of the target while it answers (data stage only; training reads the fp32 target). "
                          "bf16: about 2x the answer tokens per second on CPUs with AMX-BF16; the drafter's "
-                         "features then come from the bf16 target (0.6%% from fp32's, below what bf16 storage "
-                         "already rounds away; docs/training.md)")
+                         "features then come from the bf16 target (0.6%% from fp32's; the drafter's acceptance "
+                         "did not change measurably, docs/training.md)")
     ap.add_argument("--data_minutes", type=cli.number(0.0), default=30.0,
                     help="time budget of the data stage (0: no limit)")
     ap.add_argument("--train_minutes", type=cli.number(0.0), default=45.0,
