@@ -24,17 +24,14 @@ HumanEval entry point is dropped, and :func:`check_no_overlap` proves no prompt 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import inspect
 import json
-import os
 import random
 import re
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import warnings
 from pathlib import Path
@@ -134,33 +131,6 @@ def _module_names() -> list[str]:
     return STDLIB_MODULES + extra
 
 
-def _installation_dirs() -> list[str]:
-    """Where the interpreter's own modules live: the standard library (and its extension
-    modules) and site-packages, never the current directory or a script's folder."""
-    paths = sysconfig.get_paths()
-    return [os.path.realpath(paths[key]) for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-
-
-@contextlib.contextmanager
-def _only_installed_modules():
-    """A stdlib name must import the stdlib module: a ``chunk.py`` or ``profile.py`` next to the
-    calling script (``sys.path[0]``) or in the working directory would otherwise shadow it and
-    change the prompt set from one process to the next."""
-    allowed = _installation_dirs()
-    saved = list(sys.path)
-    sys.path[:] = [p for p in saved if p and any(os.path.realpath(p).startswith(a) for a in allowed)
-                   or (p and not os.path.isdir(p))]  # zip archives and path hooks stay
-    try:
-        yield allowed
-    finally:
-        sys.path[:] = saved
-
-
-def _is_installed(module: object, allowed: list[str]) -> bool:
-    file = getattr(module, "__file__", None)
-    return file is None or any(os.path.realpath(file).startswith(a) for a in allowed)
-
-
 def _documented_functions(exclude_names: set[str]) -> list[tuple[str, str, str]]:
     """(name, signature, first docstring paragraph) of public stdlib functions and methods."""
     return [entry for entry in _scan_in_a_clean_interpreter() if entry[0] not in exclude_names]
@@ -173,7 +143,9 @@ def _scan_in_a_clean_interpreter() -> tuple[tuple[str, str, str], ...]:
     imported, so the stdlib scan loses it, the prompt set shrinks, and its shuffled order, which
     a data stage's time budget cuts, is a different one."""
     root = str(Path(__file__).resolve().parents[2])
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+    # Isolated (-I): no working directory, script folder or PYTHONPATH on sys.path; the package
+    # root goes last, so no file there can shadow a stdlib name either.
+    code = ("import json, sys; sys.path.append(sys.argv[1]); "
             "from tensorrt_llm_dflash.training.prompts import _scan_stdlib; "
             "json.dump(_scan_stdlib(), open(sys.argv[2], 'w'))")
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,15 +162,13 @@ def _scan_in_a_clean_interpreter() -> tuple[tuple[str, str, str], ...]:
 def _scan_stdlib() -> list[tuple[str, str, str]]:
     found: list[tuple[str, str, str]] = []
     seen: set[tuple[str, str, str]] = set()
-    with warnings.catch_warnings(), _only_installed_modules() as allowed:
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for module_name in _module_names():
             try:
                 module = importlib.import_module(module_name)
             except Exception:  # noqa: BLE001 - optional stdlib parts differ by platform
                 continue
-            if not _is_installed(module, allowed):
-                continue  # imported earlier from a shadowing file: not the stdlib's
             candidates: list[tuple[str, object]] = []
             for name, obj in vars(module).items():
                 if name.startswith("_"):
