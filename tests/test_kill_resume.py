@@ -71,7 +71,10 @@ def run_and_maybe_kill(ctx, script: str, argv: list[str], log: Path, watch: list
         proc.join(300)
     killed = proc.is_alive()
     if killed:
-        os.kill(proc.pid, signal.SIGKILL)
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it finished between is_alive() and the kill: not killed
+            killed = False
     proc.join(60)
     exitcode = proc.exitcode
     proc.close()
