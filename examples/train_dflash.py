@@ -122,6 +122,10 @@ def build_parser() -> cli.ArgumentParser:
                     help="built-in set: share of chat conversations (explanations, advice, stories, summaries, "
                          "follow-up turns; training/chat_prompts.py) mixed with the code prompts; 0: code and "
                          "instructions only, the set of drafters before chat was added")
+    ap.add_argument("--extra_data", type=cli.existing_dir, nargs="+", default=None, metavar="WORK_DIR",
+                    help="also train on the data shards of these earlier work dirs (made for the same target and "
+                         "target layers; their fingerprints are checked), e.g. the built-in set's work dir beside a "
+                         "--dataset; the data stage still runs for this --work_dir only")
     ap.add_argument("--init_drafter", type=cli.existing_path, default=None,
                     help="start the draft layers from this exported drafter (same shape, target layers, block "
                          "size and MASK token) instead of the target's last layers; its draft vocabulary is kept "
@@ -190,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             cli.refuse(ap, "--chat_share", "applies to the built-in prompt set only (not with --dataset)")
         if args.max_seq_len is None:
             args.max_seq_len = DEFAULT_MAX_SEQ_LEN
+    for extra in args.extra_data or []:
+        if Path(extra).resolve() == Path(args.work_dir).resolve():
+            cli.refuse(ap, "--extra_data", f"{extra!r} is --work_dir itself")
+        if not (Path(extra) / "fingerprint.json").is_file() or not (Path(extra) / "data").is_dir():
+            cli.refuse(ap, "--extra_data", f"{extra!r} is not a train_dflash work dir (no fingerprint.json and data/)")
     if args.tensorboard:
         cli.require_module(ap, "--tensorboard", "tensorboard", "pip install tensorboard")
     if args.threads:
@@ -297,6 +306,43 @@ def data_fingerprint(args: argparse.Namespace, layer_ids: list[int], dataset: Da
     return data
 
 
+def extra_data_fingerprints(dirs: list[str]) -> list[dict]:
+    """What identifies each --extra_data work dir: its path and its recorded data and target."""
+    found = []
+    for extra in dirs:
+        recorded = json.loads((Path(extra) / "fingerprint.json").read_text())
+        found.append({"work_dir": str(Path(extra).resolve()), "target": recorded.get("target"),
+                      "data": recorded.get("data")})
+    return found
+
+
+def check_extra_data(dirs: list[str], target: dict, layer_ids: list[int]) -> None:
+    """Refuse an --extra_data work dir made for another target or other target layers (before
+    the data stage, so a mismatch costs no time)."""
+    for extra, recorded in zip(dirs, extra_data_fingerprints(dirs)):
+        if recorded["target"] != target:
+            raise DFlashConfigError(f"--extra_data {extra!r} was made for another target (the target section of "
+                                    "its fingerprint.json differs from this target's)")
+        layers = (recorded["data"] or {}).get("layer_ids")
+        if layers != list(layer_ids):
+            raise DFlashConfigError(f"--extra_data {extra!r} holds the hidden states of target layers {layers}, "
+                                    f"not {list(layer_ids)}")
+
+
+def load_extra_data(args: argparse.Namespace) -> tuple[list, list[dict]]:
+    """The --extra_data work dirs' sequences, and what the model card records of them."""
+    sequences, cards = [], []
+    for extra, recorded in zip(args.extra_data, extra_data_fingerprints(args.extra_data)):
+        found = load_distillation_data(Path(extra) / "data",
+                                       with_final_hidden=args.distill_weight > 0 and args.features == "cached")
+        if args.features == "cached" and found[0].features.shape[-1] == 0:
+            raise DFlashConfigError(f"--extra_data {extra!r} holds no hidden states (made with --features online)")
+        sequences += found
+        cards.append({"work_dir": recorded["work_dir"], "data": recorded["data"], "sequences": len(found),
+                      "answer_tokens": int(sum(int(s.loss_mask.sum()) for s in found))})
+    return sequences, cards
+
+
 def data_stage_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     """The target that answers in the data stage: ``model`` itself, or a bf16 copy (the fp32
     model stays as it is for training, which reads its embeddings and lm_head)."""
@@ -323,12 +369,15 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
     work = Path(args.work_dir)
     if rank != 0:
         return train_from_data(args, argv, dataset, rank, model, config, t_start, None, layers, block, mask_id)
+    target = target_fingerprint(model, tokenizer)
+    check_extra_data(args.extra_data or [], target, config.target_layer_ids)
     claim_work_dir(work, {
-        "target": target_fingerprint(model, tokenizer),
+        "target": target,
         "data": data_fingerprint(args, config.target_layer_ids, dataset),
         "drafter": {"layers": layers, "block_size": block, "mask_token_id": mask_id,
                     "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab,
-                    **({"init_drafter": drafter_digest(args.init_drafter)} if args.init_drafter else {})},
+                    **({"init_drafter": drafter_digest(args.init_drafter)} if args.init_drafter else {}),
+                    **({"extra_data": extra_data_fingerprints(args.extra_data)} if args.extra_data else {})},
     }, renew=("drafter",) if args.no_resume else ())
     if dataset is not None and dataset.bad:
         atomic_write_json(work / BAD_LINES_FILE, {"dataset": str(dataset.path), "lines": dataset.lines,
@@ -384,6 +433,13 @@ def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: D
     if not online_features and sequences and sequences[0].features.shape[-1] == 0:
         raise DFlashConfigError(f"the shards in {work / 'data'} hold no hidden states (made with --features online): "
                                 "train with --features online, or use another --work_dir")
+    if args.extra_data:
+        extra, extra_cards = load_extra_data(args)
+        print(f"data: {len(sequences)} sequences here + {len(extra)} from --extra_data "
+              + ", ".join(f"{c['work_dir']} ({c['sequences']})" for c in extra_cards))
+        sequences += extra
+        if data_card is not None:
+            data_card["extra_data"] = extra_cards
     torch.manual_seed(args.seed)
 
     start = load_dflash_drafter(args.init_drafter) if args.init_drafter else None

@@ -579,3 +579,46 @@ def test_heldout_tau_scores_drafters_on_conversations_no_data_stage_reaches(tmp_
     with pytest.raises(SystemExit) as exc:
         heldout.main([*argv[:-3], "--drafters", "no_equals_sign"])
     assert exc.value.code == 2 and "--drafters: 'no_equals_sign' is not NAME=DIR" in capsys.readouterr().err
+
+
+def test_extra_data_trains_on_both_work_dirs_and_refuses_another_target_layout(tmp_path, target_dir, train_dflash,
+                                                                               capsys):
+    """--extra_data: the earlier work dir's sequences join this one's in training, recorded in
+    the fingerprint and the model card; a dir with other target layers is refused before the
+    data stage, a path that is no work dir at parse time."""
+    first = tmp_path / "built_in"
+    assert train_dflash.main(["--target_model_dir", str(target_dir), "--num_prompts", "3", "--work_dir", str(first),
+                              "--output_dir", str(tmp_path / "out_first"), "--chat_share", "0", *TINY]) == 0
+    path = _write(tmp_path / "chats.jsonl", [SHAPES["openai"], {"prompt": "write code"}])
+    second, out = tmp_path / "own", tmp_path / "out_both"
+    argv = ["--target_model_dir", str(target_dir), "--dataset", str(path), "--work_dir", str(second),
+            "--output_dir", str(out), "--extra_data", str(first), *TINY]
+    capsys.readouterr()
+    assert train_dflash.main(argv) == 0
+    assert f"data: 2 sequences here + 3 from --extra_data {first.resolve()} (3)" in capsys.readouterr().out
+    card = json.loads((out / "training_metrics.json").read_text())["data"]["extra_data"]
+    recorded_first = json.loads((first / "fingerprint.json").read_text())
+    answer_tokens = sum(int(s.loss_mask.sum()) for s in load_distillation_data(first / "data"))
+    assert card == [{"work_dir": str(first.resolve()), "data": recorded_first["data"], "sequences": 3,
+                     "answer_tokens": answer_tokens}]
+    assert json.loads((second / "fingerprint.json").read_text())["drafter"]["extra_data"] == [
+        {"work_dir": str(first.resolve()), "target": recorded_first["target"], "data": recorded_first["data"]}]
+
+    other_layers = tmp_path / "three_layers"
+    three = [*TINY[:TINY.index("--num_feature_layers")], *TINY[TINY.index("--num_feature_layers") + 2:],
+             "--num_feature_layers", "3"]
+    assert train_dflash.main(["--target_model_dir", str(target_dir), "--num_prompts", "2", "--chat_share", "0",
+                              "--work_dir", str(other_layers), "--output_dir", str(tmp_path / "out3"), *three]) == 0
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    assert train_dflash.main([*argv[:argv.index("--work_dir")], "--work_dir", str(refused), "--output_dir",
+                              str(tmp_path / "out_refused"), "--extra_data", str(other_layers), *TINY]) == 2
+    err = capsys.readouterr().err
+    assert f"--extra_data {str(other_layers)!r} holds the hidden states of target layers" in err
+    assert not (refused / "data").exists()  # refused before the data stage
+    for bad in (str(tmp_path), str(second)):
+        with pytest.raises(SystemExit) as exit_info:
+            train_dflash.main([*argv[:argv.index("--extra_data")], "--extra_data", bad, *TINY])
+        assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "is not a train_dflash work dir" in err and "is --work_dir itself" in err

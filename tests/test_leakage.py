@@ -32,50 +32,19 @@ HumanEval prompt, exceeds it.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import pytest
 
-from tensorrt_llm_dflash import bench
+from tensorrt_llm_dflash.training import leakage as leakage_module
 from tensorrt_llm_dflash.training.chat_prompts import chat_conversations
+from tensorrt_llm_dflash.training.leakage import leakage, leakage_report, training_ngrams
 from tensorrt_llm_dflash.training.prompts import build_prompt_set
 
-NGRAM = 8
 THRESHOLD = 0.10
 #: Conversations drawn from the chat part of the training data (more than a run uses).
 CHAT_CONVERSATIONS = 8000
 HUMANEVAL_PROMPTS = 164
-
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-def ngrams(text: str, n: int = NGRAM) -> set[tuple[str, ...]]:
-    """The distinct word n-grams of ``text``; a text shorter than n words is one n-gram (none if empty)."""
-    words = _WORD.findall(text.lower())
-    if len(words) < n:
-        return {tuple(words)} if words else set()
-    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
-
-
-def training_ngrams(turns: Iterable[str], n: int = NGRAM) -> set[tuple[str, ...]]:
-    grams: set[tuple[str, ...]] = set()
-    for turn in turns:
-        grams |= ngrams(turn, n)
-    return grams
-
-
-def leakage(prompt: str, train_grams: set[tuple[str, ...]], n: int = NGRAM) -> float:
-    """Fraction of the prompt's distinct word n-grams that occur in some training turn."""
-    grams = ngrams(prompt, n)
-    return len(grams & train_grams) / len(grams) if grams else 0.0
-
-
-def leakage_report(benchmark: Sequence[tuple[str, str]], turns: Iterable[str],
-                   n: int = NGRAM) -> list[tuple[float, str]]:
-    """(leakage, label) of every (label, prompt) of ``benchmark``, worst first."""
-    train_grams = training_ngrams(turns, n)
-    return sorted(((leakage(text, train_grams, n), label) for label, text in benchmark), key=lambda r: (-r[0], r[1]))
 
 
 def over_threshold(report: Sequence[tuple[float, str]], threshold: float = THRESHOLD) -> list[tuple[float, str]]:
@@ -102,11 +71,9 @@ def training_user_turns() -> list[str]:
 @pytest.fixture(scope="module")
 def benchmark_prompts() -> list[tuple[str, str]]:
     """(label, text) of every HumanEval prompt and every chat-set prompt."""
-    humaneval = bench.load_prompts(bench.HUMANEVAL)
-    chat = bench.load_prompts(bench.CHAT)
-    assert len(humaneval) == HUMANEVAL_PROMPTS
-    return ([(f"humaneval[{i}]", p.text) for i, p in enumerate(humaneval)]
-            + [(f"chat[{i}] ({p.category}): {p.text[:50]!r}", p.text) for i, p in enumerate(chat)])
+    prompts = leakage_module.benchmark_prompts()
+    assert sum(label.startswith("humaneval[") for label, _ in prompts) == HUMANEVAL_PROMPTS
+    return prompts
 
 
 def test_no_benchmark_prompt_leaks_into_training_user_turns(training_user_turns, benchmark_prompts):
