@@ -3,8 +3,11 @@
 Training side: every user turn the built-in training data can hold, i.e.
 ``training.prompts.build_prompt_set()`` (the whole set) plus every user turn of
 ``training.chat_prompts.chat_conversations(8000)`` (more conversations than a training run
-draws, so the test covers them). Benchmark side: the 164 HumanEval prompts and the
-packaged chat set (``--dataset chat``).
+draws, so the test covers them), plus the target-written user turns shipped in
+``examples/data/*user_turns*.jsonl`` (``examples/write_user_turns.py``; the writer already
+drops any turn sharing an 8-gram with a benchmark prompt, this test checks the file as
+shipped). Benchmark side: the 164 HumanEval prompts and the packaged chat set
+(``--dataset chat``). The n-gram functions are ``tensorrt_llm_dflash.training.leakage``.
 
 Metric: text is lowercased and split into word tokens (``[a-z0-9]+``, so punctuation,
 indentation and ``>>>`` markers do not matter); a prompt's leakage is the fraction of its
@@ -17,7 +20,8 @@ the check can fail.
 Threshold: ``THRESHOLD = 0.10``. Measured when this test was written: 15,297 training user
 turns (4,845 from ``build_prompt_set()``, the rest from 8,000 chat conversations), 61,413
 distinct 8-grams; the maximum over all 204 benchmark prompts was 0.0, so no HumanEval or
-chat prompt shares a single 8-word run with a training turn. HumanEval-shaped boilerplate
+chat prompt shares a single 8-word run with a training turn. With the 3,000 target-written
+turns added (18,299 turns, 122,227 distinct 8-grams) the maximum is still 0.0. HumanEval-shaped boilerplate
 that both sides share (``from typing import List``, ``def name(...) -> List[int]:``) is
 shorter than 8 words or runs into a function name the training set excludes, so it does
 not count. The one overlap seen on the way was benign: a chat prompt opening "How do I
@@ -33,11 +37,13 @@ HumanEval prompt, exceeds it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
 from tensorrt_llm_dflash.training import leakage as leakage_module
 from tensorrt_llm_dflash.training.chat_prompts import chat_conversations
+from tensorrt_llm_dflash.training.datasets import read_dataset
 from tensorrt_llm_dflash.training.leakage import leakage, leakage_report, training_ngrams
 from tensorrt_llm_dflash.training.prompts import build_prompt_set
 
@@ -45,6 +51,8 @@ THRESHOLD = 0.10
 #: Conversations drawn from the chat part of the training data (more than a run uses).
 CHAT_CONVERSATIONS = 8000
 HUMANEVAL_PROMPTS = 164
+#: Training data files written by examples/write_user_turns.py and shipped in the repository.
+USER_TURN_FILES = sorted((Path(__file__).resolve().parents[1] / "examples" / "data").glob("*user_turns*.jsonl"))
 
 
 def over_threshold(report: Sequence[tuple[float, str]], threshold: float = THRESHOLD) -> list[tuple[float, str]]:
@@ -65,6 +73,11 @@ def training_user_turns() -> list[str]:
         assert isinstance(conversation, tuple) and conversation, conversation
         assert all(isinstance(turn, str) for turn in conversation), conversation
         turns.extend(conversation)
+    assert USER_TURN_FILES, "examples/data/*user_turns*.jsonl (the shipped drafter's target-written turns) is missing"
+    for path in USER_TURN_FILES:  # the target-written turns the shipped drafter was trained on
+        written = [m["content"] for c in read_dataset(path).conversations for m in c.messages if m["role"] == "user"]
+        assert written, path
+        turns.extend(written)
     return turns
 
 
