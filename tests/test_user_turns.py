@@ -47,7 +47,7 @@ class _ScriptedWriter:
 
     def __init__(self, rows: list[list[int]]):
         self.rows = rows
-        self.generation_config = SimpleNamespace(eos_token_id=EOS)
+        self.generation_config = SimpleNamespace(eos_token_id=EOS, pad_token_id=None)
         self.calls = 0
         self._param = torch.nn.Parameter(torch.zeros(1))
 

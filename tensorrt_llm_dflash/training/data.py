@@ -214,7 +214,7 @@ class _ShardWriter:
         return meta
 
 
-def _stop_and_pad_ids(model: Any) -> tuple[set[int], int]:
+def stop_and_pad_ids(model: Any) -> tuple[set[int], int]:
     stop_ids = {int(t) for t in _as_list(model.generation_config.eos_token_id)}
     pad = model.generation_config.pad_token_id
     return stop_ids, int(pad if pad is not None else min(stop_ids))
@@ -248,7 +248,7 @@ def build_distillation_data(
     existing ones. Prompts longer than ``max_prompt_tokens`` are skipped: a batch is left
     padded to its longest prompt, so one outlier would multiply the whole batch's cost.
     """
-    stop_ids, pad_id = _stop_and_pad_ids(model)
+    stop_ids, pad_id = stop_and_pad_ids(model)
     writer = _ShardWriter(out_dir, time_budget_s, store_features)
     done: set[tuple[int, ...]] = set()
     for data in writer.existing:
@@ -332,7 +332,7 @@ def build_conversation_data(
     """
     if answers not in ("regenerate", "dataset"):
         raise DFlashInputError(f"answers={answers!r} must be regenerate or dataset")
-    stop_ids, pad_id = _stop_and_pad_ids(model)
+    stop_ids, pad_id = stop_and_pad_ids(model)
     writer = _ShardWriter(out_dir, time_budget_s, store_features)
     done = Counter(key for data in writer.existing for key in data.get("conversation_key", []))
     report = _SkipReport(source, strict)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..errors import DFlashConfigError
+from .data import stop_and_pad_ids
 from .leakage import ngrams, training_ngrams
 
 #: Stand-in user text, located in the rendered template to find where the user's text begins.
@@ -90,11 +91,10 @@ def write_user_turns(
     """
     if count < 1:
         raise DFlashConfigError(f"count={count} must be at least 1")
-    stop_ids = {int(t) for t in _as_list(model.generation_config.eos_token_id)}
-    if not stop_ids:
+    if model.generation_config.eos_token_id in (None, []):
         raise DFlashConfigError("the target's generation config names no end-of-turn token (eos_token_id)")
+    stop_ids, pad_id = stop_and_pad_ids(model)
     special = {int(t) for t in getattr(tokenizer, "all_special_ids", [])} - stop_ids
-    pad_id = min(stop_ids)
     prefix = torch.tensor([user_turn_prefix(tokenizer)], dtype=torch.long)
     banned = training_ngrams(exclude or [])
     seen: set[str] = set()
@@ -137,8 +137,3 @@ def write_user_turns(
             progress(result)
     return result
 
-
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]
