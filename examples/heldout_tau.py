@@ -89,10 +89,14 @@ def main(argv: list[str] | None = None) -> int:
         build_conversation_data(data_dir, model, tokenizer, conversations, layer_ids,
                                 max_new_tokens=args.max_new_tokens, source="held-out built-in conversations")
         groups: dict[str, list[Sequence]] = {"chat": [], "code": []}
+        # By content key, not position: a work dir made when the set was built otherwise also
+        # holds conversations that are no longer among the last ones; those are left out.
+        code_by_key = {c.key: code for c, code in zip(conversations, is_code)}
         for _, data in readable_shards(data_dir, remove_damaged=False):
-            for index, ids, mask, feats in zip(data["prompt_index"], data["input_ids"], shard_loss_masks(data),
-                                               data["features"]):
-                groups["code" if is_code[index] else "chat"].append(Sequence(ids.long(), mask, feats, None))
+            for key, ids, mask, feats in zip(data["conversation_key"], data["input_ids"], shard_loss_masks(data),
+                                             data["features"]):
+                if key in code_by_key:
+                    groups["code" if code_by_key[key] else "chat"].append(Sequence(ids.long(), mask, feats, None))
         results = {}
         for name, path in drafters.items():
             drafter = load_dflash_drafter(path)
