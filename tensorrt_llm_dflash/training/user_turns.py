@@ -101,15 +101,15 @@ def write_user_turns(
     result = WrittenTurns()
     max_batches = max_batches or 4 * -(-count // batch_size)
     device = next(model.parameters()).device
+    prompts = prefix.to(device).repeat(batch_size, 1)
     while len(result.turns) < count and result.batches < max_batches:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed * 1_000_003 + result.batches)
-            out = model.generate(prefix.to(device).repeat(batch_size, 1), do_sample=True, temperature=temperature,
-                                 top_p=top_p, top_k=0, max_new_tokens=max_new_tokens, eos_token_id=sorted(stop_ids),
-                                 pad_token_id=pad_id, attention_mask=torch.ones_like(prefix.to(device)).repeat(
-                                     batch_size, 1))
+            out = model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True,
+                                 temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=max_new_tokens,
+                                 eos_token_id=sorted(stop_ids), pad_token_id=pad_id)
         result.batches += 1
-        for row in out[:, prefix.shape[1]:].tolist():
+        for row in out[:, prompts.shape[1]:].tolist():
             ends = [i for i, t in enumerate(row) if t in stop_ids]
             if not ends:
                 result.dropped["unfinished"] += 1
