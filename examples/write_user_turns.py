@@ -9,6 +9,7 @@ lines, {"messages": [{"role": "user", "content": ...}]}, for the target to answe
 the data stage:
 
     python examples/write_user_turns.py --output runs/user_turns.jsonl --num_turns 2000
+    python examples/write_user_turns.py --output runs/more_turns.jsonl --seed 1 --avoid runs/user_turns.jsonl
     python examples/train_dflash.py --dataset runs/user_turns.jsonl --work_dir runs/self ...
 
 The file is written whole, through a temporary name, once every turn is kept.
@@ -31,6 +32,7 @@ from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_text  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
+from tensorrt_llm_dflash.training.datasets import read_dataset  # noqa: E402
 from tensorrt_llm_dflash.training.leakage import benchmark_prompts  # noqa: E402
 from tensorrt_llm_dflash.training.user_turns import WrittenTurns, write_user_turns  # noqa: E402
 
@@ -42,6 +44,9 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
                     help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--seed", type=cli.seed, default=0)
+    ap.add_argument("--avoid", type=cli.existing_path, nargs="+", default=[], metavar="JSONL",
+                    help="conversation files (earlier runs' output, or any --dataset file) whose user turns the "
+                         "new turns must not repeat")
     ap.add_argument("--temperature", type=cli.number(0.0, 2.0, low_open=True), default=1.0)
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=0.95)
     ap.add_argument("--max_new_tokens", type=cli.integer(8, 4096), default=96,
@@ -55,6 +60,17 @@ def build_parser() -> cli.ArgumentParser:
     return ap
 
 
+def avoided_turns(paths: list[str]) -> list[str]:
+    """Every user turn of the --avoid files (read before the model loads: a bad file exits 2)."""
+    turns = []
+    for path in paths:
+        dataset = read_dataset(path, flag="--avoid")
+        if dataset.summary():
+            print(f"warning: --avoid {dataset.summary()}; their turns are not avoided", file=sys.stderr)
+        turns += [m["content"] for c in dataset.conversations for m in c.messages if m["role"] == "user"]
+    return turns
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads:
@@ -62,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         exclude = [text for _, text in benchmark_prompts()]
+        avoid = avoided_turns(args.avoid)
         model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32, device=device)
         if args.precision == "bf16":
             model = model.to(torch.bfloat16)
@@ -74,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         written = write_user_turns(model, tokenizer, args.num_turns, seed=args.seed, temperature=args.temperature,
                                    top_p=args.top_p, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                                   min_words=args.min_words, exclude=exclude, progress=progress)
+                                   min_words=args.min_words, exclude=exclude, avoid=avoid,
+                                   progress=progress)
         bar.close()
     except DFlashError as err:
         cli.print_error(err)

@@ -90,6 +90,14 @@ def test_each_drop_reason_and_the_kept_turns_in_order():
                                  "duplicate 1, benchmark overlap 1)")
 
 
+def test_a_turn_in_avoid_is_a_duplicate_up_to_case_and_spacing():
+    tok = _tokenizer()
+    rows = [_ids(tok, "how do i keep basil alive indoors") + [EOS], _ids(tok, "plan a cheap weekend in lisbon") + [EOS]]
+    written = write_user_turns(_ScriptedWriter(rows), tok, 1, batch_size=2,
+                               avoid=["How do I keep basil\n alive indoors"])
+    assert written.turns == ["plan a cheap weekend in lisbon"] and dict(written.dropped) == {"duplicate": 1}
+
+
 def test_the_batch_limit_stops_a_writer_that_keeps_nothing():
     tok = _tokenizer()
     model = _ScriptedWriter([_ids(tok, "no end") for _ in range(40)])
@@ -140,6 +148,34 @@ def test_the_cli_writes_openai_lines_that_train_dflash_reads(tmp_path, role_targ
     assert not dataset.bad and [c.messages[0]["role"] for c in dataset.conversations] == ["user"] * len(lines)
     assert [json.loads(line)["messages"][0]["content"] for line in lines] == [
         c.messages[0]["content"] for c in dataset.conversations]
+
+
+def test_avoid_keeps_a_second_file_clear_of_the_first(tmp_path, role_target_dir, capsys):
+    cli = load_example("write_user_turns")
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    argv = ["--target_model_dir", str(role_target_dir), "--num_turns", "3", "--min_words", "1", "--max_new_tokens", "48",
+            "--batch_size", "8", "--threads", "1"]
+    assert cli.main([*argv, "--output", str(first)]) == 0, capsys.readouterr().err
+    # The same seed writes the same first batch again: every turn of it is now a duplicate.
+    code = cli.main([*argv, "--output", str(second), "--avoid", str(first)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    turns = [[json.loads(line)["messages"][0]["content"] for line in path.read_text().splitlines()]
+             for path in (first, second)]
+    assert turns[1] and not set(turns[0]) & set(turns[1])
+    assert "duplicate" in captured.out
+
+
+def test_a_bad_avoid_file_exits_2_naming_the_flag_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    cli = load_example("write_user_turns")
+    monkeypatch.setattr(cli, "load_target", lambda *a, **k: pytest.fail("the model loaded"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert cli.main(["--output", str(tmp_path / "t.jsonl"), "--avoid", str(empty)]) == 2
+    assert f"--avoid {str(empty)!r} is empty" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--output", str(tmp_path / "t.jsonl"), "--avoid", str(tmp_path / "missing.jsonl")])
+    assert exit_info.value.code == 2 and "--avoid" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag,value,message", [

@@ -119,22 +119,23 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def read_dataset(path: str | Path, answers: str = "regenerate", strict: bool = False) -> Dataset:
+def read_dataset(path: str | Path, answers: str = "regenerate", strict: bool = False,
+                 flag: str = "--dataset") -> Dataset:
     """Parse a JSONL conversation file (shapes and rules: the module docstring).
 
     Malformed lines are collected in ``Dataset.bad`` (``strict``: the first one raises).
-    Raises DFlashInputError naming the file for a file that cannot be read, is not UTF-8,
-    is empty, or holds no valid conversation.
+    Raises DFlashInputError naming ``flag`` and the file for a file that cannot be read, is
+    not UTF-8, is empty, or holds no valid conversation.
     """
     if answers not in ANSWER_MODES:
         raise DFlashInputError(f"answers={answers!r} must be one of {', '.join(ANSWER_MODES)}")
     path = Path(path)
     if path.is_dir():
-        raise DFlashInputError(f"--dataset {str(path)!r} is a directory, not a .jsonl file")
+        raise DFlashInputError(f"{flag} {str(path)!r} is a directory, not a .jsonl file")
     try:
         data = path.read_bytes()
     except OSError as err:
-        raise DFlashInputError(f"--dataset {str(path)!r} cannot be read: {err.strerror or err}") from None
+        raise DFlashInputError(f"{flag} {str(path)!r} cannot be read: {err.strerror or err}") from None
     text = utf8_text(data, path, "dataset")
     conversations: list[Conversation] = []
     bad: list[BadLine] = []
@@ -152,10 +153,10 @@ def read_dataset(path: str | Path, answers: str = "regenerate", strict: bool = F
                     from None
             bad.append(BadLine(lineno, str(err)))
     if lines == 0:
-        raise DFlashInputError(f"--dataset {str(path)!r} is empty: no conversations")
+        raise DFlashInputError(f"{flag} {str(path)!r} is empty: no conversations")
     dataset = Dataset(path, hashlib.sha256(data).hexdigest(), conversations, lines, bad)
     if not conversations:
-        raise DFlashInputError(f"--dataset {str(path)!r} holds no valid conversation: all {lines} lines are bad "
+        raise DFlashInputError(f"{flag} {str(path)!r} holds no valid conversation: all {lines} lines are bad "
                                f"(first: {bad[0]})")
     return dataset
 

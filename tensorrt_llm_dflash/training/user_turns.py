@@ -11,7 +11,8 @@ a request about it), and its greedy answers to those turns are then distilled as
 "Magpie: Alignment Data Synthesis from Scratch by Prompting Aligned LLMs with Nothing").
 
 A written turn is kept only if it ended by itself (not cut by ``max_new_tokens``), holds no
-template token, has at least ``min_words`` words, is not a duplicate, and shares no word
+template token, has at least ``min_words`` words, is not a duplicate (of a turn kept before
+or of one in ``avoid``, say an earlier file of written turns), and shares no word
 8-gram with any benchmark prompt (``leakage.py``): the benchmark sets stay out by
 construction, not by luck.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +80,7 @@ def write_user_turns(
     batch_size: int = 64,
     min_words: int = 4,
     exclude: list[str] | None = None,
+    avoid: Iterable[str] = (),
     max_batches: int | None = None,
     progress: Callable[[WrittenTurns], None] | None = None,
 ) -> WrittenTurns:
@@ -87,7 +89,8 @@ def write_user_turns(
 
     Batch ``b`` samples under the seed ``seed * 1_000_003 + b`` and the global RNG is left as
     it was, so the same arguments on the same machine give the same turns. ``exclude``: texts
-    (the benchmark prompts) no kept turn may share a word 8-gram with.
+    (the benchmark prompts) no kept turn may share a word 8-gram with. ``avoid``: turns kept
+    already (an earlier run's); one written again, up to case and spacing, is a duplicate.
     """
     if count < 1:
         raise DFlashConfigError(f"count={count} must be at least 1")
@@ -97,7 +100,7 @@ def write_user_turns(
     special = {int(t) for t in getattr(tokenizer, "all_special_ids", [])} - stop_ids
     prefix = torch.tensor([user_turn_prefix(tokenizer)], dtype=torch.long)
     banned = training_ngrams(exclude or [])
-    seen: set[str] = set()
+    seen = {_normalized(text) for text in avoid}
     result = WrittenTurns()
     max_batches = max_batches or 4 * -(-count // batch_size)
     device = next(model.parameters()).device
