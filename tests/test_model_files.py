@@ -205,7 +205,7 @@ ZLAB = {
 def test_published_configs_still_accepted():
     # Not a regression test for a defect: the schema must keep every real config working.
     asset = DFlashDraftConfig.from_pretrained(DEMO_DRAFTER_DIR)
-    assert asset.block_size == 8 and asset.draft_vocab_size == 22213
+    assert asset.block_size == 8 and asset.draft_vocab_size == 26040
     zlab = DFlashDraftConfig.from_dict(copy.deepcopy(ZLAB))
     assert zlab.rope_theta == 1000000 and zlab.dtype == "bfloat16" and zlab.extra["auto_map"]
     llama = copy.deepcopy(ZLAB)
