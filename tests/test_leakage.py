@@ -21,7 +21,8 @@ Threshold: ``THRESHOLD = 0.10``. Measured when this test was written: 15,297 tra
 turns (4,845 from ``build_prompt_set()``, the rest from 8,000 chat conversations), 61,413
 distinct 8-grams; the maximum over all 204 benchmark prompts was 0.0, so no HumanEval or
 chat prompt shares a single 8-word run with a training turn. With the 3,000 target-written
-turns added (18,299 turns, 122,227 distinct 8-grams) the maximum is still 0.0. HumanEval-shaped boilerplate
+turns added (18,299 turns, 122,227 distinct 8-grams) the maximum was still 0.0, and with the
+6,000 more of run 5 (24,299 turns, 238,000 distinct 8-grams) it is 0.0. HumanEval-shaped boilerplate
 that both sides share (``from typing import List``, ``def name(...) -> List[int]:``) is
 shorter than 8 words or runs into a function name the training set excludes, so it does
 not count. The one overlap seen on the way was benign: a chat prompt opening "How do I
