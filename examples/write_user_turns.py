@@ -67,7 +67,7 @@ def avoided_turns(paths: list[str]) -> list[str]:
         dataset = read_dataset(path, flag="--avoid")
         if dataset.summary():
             print(f"warning: --avoid {dataset.summary()}; their turns are not avoided", file=sys.stderr)
-        turns += [m["content"] for c in dataset.conversations for m in c.messages if m["role"] == "user"]
+        turns += dataset.user_turns()
     return turns
 
 

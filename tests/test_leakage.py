@@ -76,7 +76,7 @@ def training_user_turns() -> list[str]:
         turns.extend(conversation)
     assert USER_TURN_FILES, "examples/data/*user_turns*.jsonl (the shipped drafter's target-written turns) is missing"
     for path in USER_TURN_FILES:  # the target-written turns the shipped drafter was trained on
-        written = [m["content"] for c in read_dataset(path).conversations for m in c.messages if m["role"] == "user"]
+        written = read_dataset(path).user_turns()
         assert written, path
         turns.extend(written)
     return turns

@@ -110,6 +110,10 @@ class Dataset:
             return None
         return f"{self.path}: skipped {len(self.bad)} of {self.lines} lines (first: {self.bad[0]})"
 
+    def user_turns(self) -> list[str]:
+        """Every user message of every conversation, in file order."""
+        return [m["content"] for c in self.conversations for m in c.messages if m["role"] == "user"]
+
 
 def file_sha256(path: str | Path) -> str:
     digest = hashlib.sha256()
