@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-${PYTHON:-python3} examples/run.py --streaming "$@"
+source scripts/python_env.sh
+"$PY" examples/run.py --streaming "$@"

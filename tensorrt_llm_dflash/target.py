@@ -406,27 +406,38 @@ BLOCKED_MIN_WEIGHT_ELEMENTS = 1 << 19
 BLOCKED_ROWS = range(4, 16)
 #: Bytes of one block of weight rows (a power-of-two number of rows, rounded up).
 BLOCKED_BLOCK_BYTES = 256 << 10
+#: The per-block ``mm`` route is tried only on weights of at least this many elements: it pays
+#: one kernel call per block, which a weight far beyond the L2 cache (an lm_head) repays and an
+#: MLP weight does not (measured on an AMD EPYC, BENCHMARKS.md).
+LOOP_MIN_WEIGHT_ELEMENTS = 1 << 23
 
-#: (weight shape, dtype, threads, block) -> whether the blocked GEMM is bit-identical to F.linear.
-_BLOCKED_EXACT: dict[tuple, bool] = {}
+#: How a blocked linear computes M rows: one batched GEMM over the blocks, one ``mm`` per block,
+#: or plain ``F.linear``.
+ROUTES = ("bmm", "loop", "linear")
+#: (weight shape, dtype, threads, block, rows) -> the route taken (checked bit-identical to F.linear once).
+_BLOCKED_ROUTE: dict[tuple, str] = {}
 
 
 class BlockedLinear:
-    """``nn.Linear.forward`` for 4..15 rows as one batched GEMM over L2-sized blocks of the weight.
+    """``nn.Linear.forward`` for 4..15 rows over L2-sized blocks of the weight, where that is bit-identical.
 
     MKL's sgemm for a few rows and a weight larger than the L2 cache reads the whole weight
-    again for every ~3 rows: on this project's CPU a 1536x576 MLP weight costs 2x at
-    M = 4..6, 3x at M = 8..9 and 4x at M = 12 what it costs at M = 1, so a 9-node verify of
-    SmolLM2-135M paid 2.4x a one-token step for its MLP and 3x for its lm_head. Viewed as
-    ``[N / b, b, K]`` blocks (``b`` rows, ~256 KiB), the weight is read once: ``bmm``
-    multiplies the same rows by every block, one block (in cache) at a time.
+    again for every ~3 rows: on an Intel Xeon a 1536x576 MLP weight costs 2x at M = 4..6, 3x at
+    M = 8..9 and 4x at M = 12 what it costs at M = 1, so a 9-node verify of SmolLM2-135M paid
+    2.4x a one-token step for its MLP and 3x for its lm_head. Viewed as ``[N / b, b, K]`` blocks
+    (``b`` rows, ~256 KiB), the weight is read once:
 
-    Numerics do not change. Every output element is the same K-long dot product by the same
-    MKL kernel, and the blocked result is bit-identical to ``F.linear``. MKL does not
-    promise that, so it is checked: once per weight shape and thread count, on the module's
-    weight, for every M in ``BLOCKED_ROWS``; where it is not bit-identical, the call is
-    ``F.linear``. So the verifier's logits are the model's own, bit for bit, at every tree
-    size, and AR (one row, always ``F.linear``) and verify agree exactly as they did.
+    * ``bmm``: one batched GEMM multiplies the same rows by every block, one block at a time;
+    * ``loop``: one ``mm`` per block (for weights of at least ``LOOP_MIN_WEIGHT_ELEMENTS``).
+
+    Every output element is the same K-long dot product, but whether a BLAS computes it in the
+    same order for every call shape is the BLAS's choice, and it differs by CPU: on an Intel
+    Xeon the ``bmm`` route is bit-identical for every M in 4..15; on an AMD EPYC only for
+    M = 4, 8 and 12..15, where the ``loop`` route is bit-identical for all of them. So the route
+    is chosen per row count at run time: the first bit-identical one of ``bmm``, ``loop`` (large
+    weights only), checked once per weight shape, thread count and M on the module's weight;
+    otherwise ``F.linear``. The verifier's logits are the model's own, bit for bit, at every
+    tree size, and AR (one row, always ``F.linear``) and verify agree exactly as they did.
     """
 
     __slots__ = ("module", "block", "_weight", "_key", "_blocks", "_rest")
@@ -459,7 +470,7 @@ class BlockedLinear:
         return self._blocks, self._rest
 
     def blocked(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [M, K] @ weight.T through the blocks (no check, no fallback)."""
+        """rows [M, K] @ weight.T through the blocks, one batched GEMM (no check, no fallback)."""
         blocks, rest = self._views()
         m = rows.shape[0]
         out = torch.bmm(rows.expand(blocks.shape[0], m, rows.shape[1]), blocks.transpose(1, 2))  # [N/b, M, b]
@@ -468,25 +479,53 @@ class BlockedLinear:
             out = torch.cat([out, torch.mm(rows, rest.t())], dim=1)
         return out
 
-    def exact(self) -> bool:
-        """Whether the blocked GEMM is bit-identical to F.linear here (checked once per shape and thread count)."""
+    def looped(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, K] @ weight.T through the blocks, one ``mm`` per block (no check, no fallback)."""
+        blocks, rest = self._views()
+        parts = [torch.mm(rows, block.t()) for block in blocks]
+        if rest is not None:
+            parts.append(torch.mm(rows, rest.t()))
+        return torch.cat(parts, dim=1)
+
+    def route(self, m: int) -> str:
+        """The route for ``m`` rows here: the first of ``bmm``, ``loop`` that is bit-identical to F.linear on
+        this weight shape, thread count and CPU (checked once), else ``linear``."""
         w = self.module.weight
-        key = (tuple(w.shape), w.dtype, torch.get_num_threads(), self.block)
-        ok = _BLOCKED_EXACT.get(key)
-        if ok is None:
-            x = torch.randn(BLOCKED_ROWS[-1], w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(0))
+        if m not in BLOCKED_ROWS:
+            return "linear"
+        key = (tuple(w.shape), w.dtype, torch.get_num_threads(), self.block, m)
+        chosen = _BLOCKED_ROUTE.get(key)
+        if chosen is None:
+            x = torch.randn(m, w.shape[1], dtype=w.dtype, generator=torch.Generator().manual_seed(m))
+            candidates = [("bmm", self.blocked)]
+            if w.numel() >= LOOP_MIN_WEIGHT_ELEMENTS:
+                candidates.append(("loop", self.looped))
+            chosen = "linear"
             with torch.inference_mode():
-                ok = all(torch.equal(self.blocked(x[:m]), torch.nn.functional.linear(x[:m], w)) for m in BLOCKED_ROWS)
-            _BLOCKED_EXACT[key] = ok
-        return ok
+                reference = torch.nn.functional.linear(x, w)
+                for name, fn in candidates:
+                    if torch.equal(fn(x), reference):
+                        chosen = name
+                        break
+            _BLOCKED_ROUTE[key] = chosen
+        return chosen
+
+    def routes(self) -> dict[int, str]:
+        """The route of every row count in ``BLOCKED_ROWS`` here (runs the checks that have not run)."""
+        return {m: self.route(m) for m in BLOCKED_ROWS}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.module.weight
         m = x.numel() // x.shape[-1] if x.dim() else 0
         if (m not in BLOCKED_ROWS or self.module.bias is not None or x.dtype != w.dtype or x.device != w.device
-                or not x.is_contiguous() or not self.exact()):
+                or not x.is_contiguous()):
             return torch.nn.functional.linear(x, w, self.module.bias)
-        return self.blocked(x.reshape(m, x.shape[-1])).view(*x.shape[:-1], w.shape[0])
+        route = self.route(m)
+        if route == "linear":
+            return torch.nn.functional.linear(x, w, self.module.bias)
+        rows = x.reshape(m, x.shape[-1])
+        out = self.blocked(rows) if route == "bmm" else self.looped(rows)
+        return out.view(*x.shape[:-1], w.shape[0])
 
 
 def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -547,10 +586,21 @@ class CpuFastPaths:
     def names(self) -> list[str]:
         """The paths a forward pass takes now (runs the blocked-GEMM check if it has not run yet)."""
         found = []
-        if any([BlockedLinear(m).exact() for m in self.model.modules() if self._wanted(m)]):  # checks every shape
+        if any([self.blocked_routes()]):
             found.append("blocked_linear")
         if self._gqa():
             found.append("sdpa_gqa")
+        return found
+
+    def blocked_routes(self) -> dict[tuple[int, int], dict[int, str]]:
+        """Per blocked weight shape, the route of each row count that is not plain ``linear`` (runs the
+        checks): empty where no blocked route is bit-identical on this CPU."""
+        found: dict[tuple[int, int], dict[int, str]] = {}
+        for module in self.model.modules():
+            if self._wanted(module):
+                taken = {m: r for m, r in BlockedLinear(module).routes().items() if r != "linear"}
+                if taken:
+                    found[tuple(module.weight.shape)] = taken
         return found
 
     @contextlib.contextmanager

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -60,8 +61,26 @@ def wheels(tmp_path_factory):
     return ours, _standin_wheel(tmp)
 
 
+def _running_site_dirs() -> list[str]:
+    """The site directories this test runs with (a venv's, pyenv's, Debian's dist-packages, the user site)."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if Path(d).is_dir()]
+
+
 def _venv(path: Path) -> Path:
-    _run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)])
+    """A fresh venv that sees the running environment's packages (torch, transformers) behind its own.
+
+    ``--system-site-packages`` would expose the *base* interpreter's site-packages, which is not
+    where torch is when the tests run inside a venv; instead a .pth in the new venv adds the
+    running environment's site directories after its own (``site.addsitedir`` also runs their .pth files,
+    as a system site would), whatever that environment is: system Python, venv or pyenv.
+    """
+    _run([sys.executable, "-m", "venv", "--without-pip", str(path)])
+    purelib = _run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+    line = "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in _running_site_dirs())
+    (Path(purelib.stdout.strip()) / "_running_environment.pth").write_text(line + "\n")
     return path / "bin"
 
 
