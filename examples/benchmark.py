@@ -8,7 +8,11 @@ Methods: ar (this runtime's AR loop), hf (transformers generate), pld[:N] (trans
 prompt-lookup decoding, N lookup tokens, default 10), dflash (chain), ddtree:B (DDTree,
 B draft nodes), auto[:N] (the cost-aware DDTree with lookup branches, at most N nodes),
 default (exactly what examples/run.py does with no decoding flags; results.json records
-what it resolved to). Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
+what it resolved to), and the graph-ready runtime: ar-graph, dflash-graph, ddtree-graph:B
+(static state; CUDA graphs on CUDA), hf-static (transformers generate over its static cache).
+
+On a GPU:  python examples/benchmark.py --device cuda --methods ar ar-graph hf-static default \
+               dflash-graph ddtree-graph:16 ddtree-graph:32 --output_dir bench/gpu Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
 output is compared with the AR output; a mismatch is printed and the exit code is 1.
 Exit code 2: bad input or a missing model.
 """
@@ -49,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16", "float64"], default="float32",
                     help="float32/float64: outputs are checked against AR (a mismatch exits 1); "
                          "float16/bfloat16: the match rate is reported instead")
+    ap.add_argument("--device", type=cli.device, default="cpu",
+                    help="cpu or cuda: where the target and drafter run (timing synchronises the device)")
     ap.add_argument("--threads", type=cli.threads, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--no_warmup", action="store_true", help="skip the untimed warm-up prompt")
     ap.add_argument("--no_progress", action="store_true", help="hide the progress bar")
@@ -99,12 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             print(warning + " The report gives each method's match rate against AR.", file=sys.stderr)
 
         dtype = getattr(torch, args.dtype)
-        model, tokenizer = load_target(args.target_model_dir, dtype=dtype)
+        model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=args.device)
         drafter = None
         if draft_dir is not None:
             from tensorrt_llm_dflash.drafter import load_dflash_drafter
 
-            drafter = load_dflash_drafter(draft_dir, dtype=dtype)
+            drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
             bench.check_drafter_fits(drafter, model)
         prompt_ids = [bench.encode_prompt(tokenizer, p, not args.no_chat_template) for p in prompts]
         for ids in prompt_ids:

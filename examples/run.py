@@ -61,6 +61,11 @@ def build_parser() -> cli.ArgumentParser:
                     help="cost-aware tree: measure this machine's verify cost curve again and start the acceptance "
                          "calibration from its priors (both are kept between runs: the curve per machine, target and "
                          "drafter, the calibration per target and drafter)")
+    ap.add_argument("--runtime", choices=["eager", "graphed"], default="eager",
+                    help="PyTorch backend: eager (the runtime measured in BENCHMARKS.md) or graphed (static state, "
+                         "each step's stages replayed as CUDA graphs on CUDA, the same code eagerly on CPU; a fixed "
+                         f"--ddtree_budget, default {GRAPHED_DEFAULT_BUDGET} for a drafter: the cost-aware tree is not "
+                         "on this path yet)")
     ap.add_argument("--temperature", type=cli.number(0.0), default=0.0, help="0 = greedy")
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
@@ -88,20 +93,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
         if args.draft_type != "dflash":
             cli.refuse(ap, "--draft_type", f"{args.draft_type!r} runs only with --backend pytorch")
+    if args.runtime == "graphed":
+        if args.backend != "pytorch" or args.draft_type != "dflash":
+            cli.refuse(ap, "--runtime", "'graphed' runs the PyTorch backend with a DFlash drafter (or none)")
     policy_flags = [f for f, given in (("--max_tree_nodes", args.max_tree_nodes is not None),
                                        ("--no_lookup", args.no_lookup), ("--recalibrate", args.recalibrate)) if given]
     for flag in policy_flags:
         if args.ddtree_budget is not None:
             cli.refuse(ap, flag, "applies to the cost-aware tree, not to a fixed --ddtree_budget")
+        if args.runtime == "graphed":
+            cli.refuse(ap, flag, "applies to the cost-aware tree, which runs with --runtime eager")
         if args.speculative_decoding_mode == "none" or args.draft_type != "dflash":
             cli.refuse(ap, flag, "applies to the cost-aware tree of a DFlash drafter (--draft_type dflash, "
                                  "--speculative_decoding_mode dflash)")
     return args
 
 
+#: --runtime graphed with a drafter and no --ddtree_budget.
+GRAPHED_DEFAULT_BUDGET = 32
+
+
 def uses_policy(args: argparse.Namespace, proposer: object | None) -> bool:
-    """The default: a DFlash drafter with no fixed --ddtree_budget runs the cost-aware tree."""
-    return proposer is not None and args.ddtree_budget is None and args.draft_type == "dflash"
+    """The default: a DFlash drafter with no fixed --ddtree_budget runs the cost-aware tree (eager runtime)."""
+    return (proposer is not None and args.ddtree_budget is None and args.draft_type == "dflash"
+            and args.runtime == "eager")
 
 
 def make_policy(args: argparse.Namespace, verifier: object, proposer: object):
@@ -202,14 +217,27 @@ def main(argv: list[str] | None = None) -> int:
         warning = low_precision_warning(dtype, proposer is not None)
         if warning:
             print(warning, file=sys.stderr)
+        if args.runtime == "graphed" and args.ddtree_budget is None:
+            default_budget = GRAPHED_DEFAULT_BUDGET
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
         policy = make_policy(args, verifier, proposer) if uses_policy(args, proposer) else None
+        generate = speculative_generate
+        if args.runtime == "graphed":
+            from tensorrt_llm_dflash.graphed import GraphedDecoder
+
+            decoder = GraphedDecoder(verifier.model, proposer.model if proposer is not None else None, budget=budget)
+
+            def generate(_verifier, _proposer, prompt, max_new, sampling, stops, _budget, on_tokens=None,
+                         policy=None):
+                return decoder.generate(prompt, max_new, sampling, stops, on_tokens=on_tokens)
         if policy is not None:
             mode = f"cost-aware DDTree (<= {policy.config.max_nodes} nodes" + (
                 ", lookup branches)" if policy.config.lookup else ")")
         else:
             mode = ("autoregressive" if proposer is None else
                     "DFlash chain" if budget == 0 else f"DDTree budget {budget}")
+            if args.runtime == "graphed":
+                mode += ", graphed runtime"
         results.mode = mode
         # Every prompt is encoded and checked before the first generation starts.
         prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.input_text]
@@ -226,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.streaming:
                 print(f"\n[{mode}] {text!r}\n", flush=True)
             t0 = time.perf_counter()
-            result = speculative_generate(
+            result = generate(
                 verifier, proposer, prompt, args.max_output_len, sampling, stops, budget,
                 on_tokens=on_tokens if args.streaming else None, policy=policy,
             )

@@ -15,6 +15,10 @@ Methods (``parse_methods``; new kinds register themselves in ``METHOD_KINDS``):
     default     exactly what ``examples/run.py`` does with no decoding flags (today ``auto``
                 with its defaults); results.json records what it resolved to
     lora_inject, lora_inject_ddtree:B   the LoRA-inject drafter (``--lora_inject_dir``)
+    ar-graph, dflash-graph, ddtree-graph:B, auto-graph
+                the graph-ready runtime (``graphed``): static state, each step's stages replayed
+                as CUDA graphs on CUDA (captured once per method, before timing), run eagerly on CPU
+    hf-static   transformers ``generate`` over its static cache (``cache_implementation="static"``)
 
 tau is the number of tokens committed per target forward, bonus token included. The
 forward that reads the prompt is excluded for every method (for ``pld`` it also verifies
@@ -189,7 +193,8 @@ def parse_methods(texts: Sequence[str]) -> list[Method]:
 
 
 def method_syntax() -> list[str]:
-    return ["ar", "hf", "pld[:N]", "dflash", "ddtree:B", "auto[:N]", "default"] + [
+    return ["ar", "hf", "hf-static", "pld[:N]", "dflash", "ddtree:B", "auto[:N]", "default", "ar-graph",
+            "dflash-graph", "ddtree-graph:B", "auto-graph"] + [
         k for k in METHOD_KINDS if k not in _BUILTIN]
 
 
@@ -359,6 +364,8 @@ class BenchContext:
     tokenizer: Any = None
     _proposers: dict[str, Any] = field(default_factory=dict)
     _policies: dict[str, Any] = field(default_factory=dict)
+    #: Graph-ready decoders per method label: state allocated and graphs captured once, untimed.
+    _decoders: dict[str, Any] = field(default_factory=dict)
 
     def proposer(self, kind: str) -> Any:
         if kind not in self._proposers:
@@ -465,6 +472,8 @@ def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], s
             # transformers 4.57's prompt lookup calls isin(candidates, eos) and fails on None;
             # an id past the vocabulary is never generated, so it means "no stop token".
             settings["eos_token_id"] = int(ctx.model.config.vocab_size)
+    if method.kind == "hf-static":
+        settings["cache_implementation"] = "static"
     config = GenerationConfig(**settings)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=ctx.model.device)
     streamer = _StepStreamer()
@@ -473,6 +482,7 @@ def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], s
         t0 = time.perf_counter()
         out = ctx.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                  streamer=streamer, use_model_defaults=False)
+        _synchronize(ctx.model.device)
         seconds = time.perf_counter() - t0
     output = out[0, len(prompt_ids):].tolist()
     if len(streamer.steps) != len(forwards.durations) or sum(streamer.steps) != len(output):
@@ -495,6 +505,54 @@ def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], s
     stages["verify"] = float(sum(forwards.durations[1:]))
     finish = "stop" if output and output[-1] in ctx.stop_token_ids else "length"
     return RequestRecord(0, output, seconds, steps, stages, finish, sizes)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _graphed_decoder(ctx: BenchContext, method: Method) -> Any:
+    """The method's GraphedDecoder, made (and its graphs captured) once per run, outside the timing."""
+    from .graphed import GraphedDecoder
+
+    if method.label not in ctx._decoders:
+        drafter = None
+        if method.kind != "ar-graph":
+            if ctx.drafter is None:
+                raise BenchError(f"{method.label} needs a drafter (--draft_model_dir)")
+            drafter = ctx.drafter
+        budget = {"ddtree-graph": method.param, "auto-graph": None}.get(method.kind, 0)
+        decoder = GraphedDecoder(ctx.model, drafter, budget=budget,
+                                 capacity=ctx.max_new_tokens + CAPACITY_PROMPT_ALLOWANCE)
+        decoder.sampling = ctx.sampling
+        decoder.prepare()
+        ctx._decoders[method.label] = decoder
+    return ctx._decoders[method.label]
+
+
+#: Prompt tokens the graphed decoders' first capacity allows for (a longer prompt grows it, and re-captures).
+CAPACITY_PROMPT_ALLOWANCE = 768
+
+
+def run_graphed(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
+    """The graph-ready runtime (``graphed.GraphedDecoder``): AR, the chain or a DDTree budget."""
+    decoder = _graphed_decoder(ctx, method)
+    _synchronize(ctx.model.device)
+    t0 = time.perf_counter()
+    result = decoder.generate(prompt_ids, ctx.max_new_tokens, ctx.seeded(seed), ctx.stop_token_ids)
+    seconds = time.perf_counter() - t0
+    stats = result.stats
+    return RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths), dict(stats.stage_seconds),
+                         result.finish_reason, list(stats.tree_sizes))
+
+
+def _describe_graphed(method: Method) -> str:
+    what = {"ar-graph": "AR", "dflash-graph": "the DFlash chain",
+            "ddtree-graph": f"DDTree with {method.param} draft nodes",
+            "auto-graph": "the cost-aware DDTree on the device (device_policy: one graph per tree size, the next "
+                          "size chosen from each step's calibrated values, no lookup branches)"}[method.kind]
+    return f"{what} in the graph-ready runtime (static state; CUDA graphs on CUDA, eager on CPU)"
 
 
 def _dflash_proposer(ctx: BenchContext) -> Any:
@@ -535,6 +593,15 @@ def _describe_auto(method: Method) -> str:
             f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes")
 
 
+_BUILTIN["hf-static"] = MethodKind(run_transformers, no_param("hf-static"), autoregressive=True)
+_BUILTIN["ar-graph"] = MethodKind(run_graphed, no_param("ar-graph"), autoregressive=True, describe=_describe_graphed)
+_BUILTIN["dflash-graph"] = MethodKind(run_graphed, no_param("dflash-graph"), build_proposer=_dflash_proposer,
+                                      budget_family="DFlash (graph)", describe=_describe_graphed)
+_BUILTIN["ddtree-graph"] = MethodKind(run_graphed, budget_param("ddtree-graph", "dflash-graph"),
+                                      build_proposer=_dflash_proposer, budget=lambda m: m.param,
+                                      budget_family="DFlash (graph)", describe=_describe_graphed)
+_BUILTIN["auto-graph"] = MethodKind(run_graphed, no_param("auto-graph"), build_proposer=_dflash_proposer,
+                                    describe=_describe_graphed)
 _BUILTIN["auto"] = MethodKind(run_runtime, _optional_int("auto", "the largest tree (draft nodes)", 1, 1023),
                               build_proposer=_dflash_proposer, make_policy=_auto_policy, describe=_describe_auto)
 _BUILTIN["default"] = MethodKind(run_runtime, no_param("default"), build_proposer=_dflash_proposer,
@@ -747,7 +814,7 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
                               **summarize_method(records[m.label])}
     baselines = [m.label for m in methods if METHOD_KINDS[m.kind].autoregressive]
     base = compare_methods(summaries, baselines)
-    reference = next((b for b in ("ar", "hf") if b in records), None)
+    reference = next((b for b in ("ar", "hf", "ar-graph", "hf-static") if b in records), None)
     match = check_outputs(records, reference) if greedy and reference else {}
     for label, summary in summaries.items():
         summary.update(match.get(label, _NOT_CHECKED))
@@ -786,10 +853,24 @@ def machine_info(threads: int | None = None) -> dict[str, Any]:
     import transformers
 
     return {"cpu_count": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(), "python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "torch_threads": torch.get_num_threads(),
             "threads_flag": threads, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), e.g. "AMD EPYC" or "Intel(R) Xeon(R) ...": BLAS paths and
+    their rounding differ by vendor, so a result says which CPU made it. None where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def git_commit() -> str | None:

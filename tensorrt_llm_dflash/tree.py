@@ -100,7 +100,15 @@ def build_ddtree(
     ``1..D`` the K most probable draft tokens, sorted by decreasing log-probability
     (log-softmax of the drafter's float32 logits). Returns a tree with at most
     ``budget`` draft nodes plus the root. Ties are broken by the rank tuple, so the
-    result is deterministic.
+    result is deterministic; a -inf log-probability (outside a reduced draft
+    vocabulary) is never a node.
+
+    A node's score is its path sum added left to right in float64,
+    ``score(r1..rd) = score(r1..r_{d-1}) + lp[d-1][rd]``: one addition per node, which
+    rounds the same on any device, so ``device_tree.build_ddtree_device`` (tensor ops)
+    builds the same tree node for node, ties included. The reference implementation
+    (liranringel/ddtree) updates a sibling's score incrementally (``score - lp[r] +
+    lp[r + 1]``, two roundings); the two can differ only in the last ulp of a near-tie.
     """
     lp = np.asarray(topk_logprobs, dtype=np.float64)
     tok = np.asarray(topk_tokens)
@@ -112,16 +120,16 @@ def build_ddtree(
     tokens = [int(root_token)]
     parents = [-1]
     depths = [0]
-    if budget <= 0 or depth_limit == 0 or k == 0:
+    if budget <= 0 or depth_limit == 0 or k == 0 or lp[0][0] == -np.inf:
         return _finish(tokens, parents, depths)
 
     lp_rows = lp.tolist()
     tok_rows = tok.tolist()
     node_of_prefix: dict[tuple[int, ...], int] = {(): 0}
-    # Heap entries: (-log prob of the prefix, rank tuple). The tuple breaks ties.
-    heap: list[tuple[float, tuple[int, ...]]] = [(-lp_rows[0][0], (0,))]
+    # Heap entries: (-score, rank tuple, score of the prefix). The tuple breaks ties (it is unique).
+    heap: list[tuple[float, tuple[int, ...], float]] = [(-(0.0 + lp_rows[0][0]), (0,), 0.0)]
     while heap and len(tokens) <= budget:
-        neg_score, ranks = heapq.heappop(heap)
+        neg_score, ranks, prefix_score = heapq.heappop(heap)
         depth = len(ranks)
         rank = ranks[-1]
         node = len(tokens)
@@ -130,11 +138,11 @@ def build_ddtree(
         parents.append(node_of_prefix[ranks[:-1]])
         depths.append(depth)
         score = -neg_score
-        if rank + 1 < k:
-            sibling_score = score - lp_rows[depth - 1][rank] + lp_rows[depth - 1][rank + 1]
-            heapq.heappush(heap, (-sibling_score, ranks[:-1] + (rank + 1,)))
-        if depth < depth_limit:
-            heapq.heappush(heap, (-(score + lp_rows[depth][0]), ranks + (0,)))
+        if rank + 1 < k and lp_rows[depth - 1][rank + 1] != -np.inf:
+            sibling_score = prefix_score + lp_rows[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sibling_score, ranks[:-1] + (rank + 1,), prefix_score))
+        if depth < depth_limit and lp_rows[depth][0] != -np.inf:
+            heapq.heappush(heap, (-(score + lp_rows[depth][0]), ranks + (0,), score))
     return _finish(tokens, parents, depths)
 
 

@@ -1,0 +1,262 @@
+"""Static (preallocated) state of the graph-ready runtime: the target's KV cache and the drafter's context.
+
+A CUDA graph replays the same kernels on the same addresses, so everything a decode step touches
+lives in buffers allocated once: the target's K/V for every layer in one tensor (so that KV
+compaction is one gather and one scatter for all layers), the drafter's context K/V likewise, and
+every per-step input (write slots, positions, masks) as a fixed-shape tensor. Every buffer has a
+batch dimension; batch 1 is what runs now.
+
+* :class:`StaticTarget` runs any transformers causal LM over :class:`RowSlotCache`: the model's own
+  forward, with a 4-D additive mask over the whole cache capacity and the K/V of each call written
+  at per-row slots (so rows at different lengths need no redesign).
+* :class:`StaticDrafter` runs a :class:`~tensorrt_llm_dflash.drafter.DFlashDraftModel` over a
+  static context cache; the block's own K/V are written at the slots after the context (scratch:
+  the next committed context overwrites them), which is the same as never caching them.
+
+Slots outside the valid range hold stale but finite values from earlier steps; the masks hide
+them (an additive ``finfo.min`` gives an exact zero weight).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .drafter import DFlashDraftModel, apply_rope
+from .errors import DFlashInputError
+from .target import _sliding_window, max_positions
+
+
+class _RowSlotLayer(CacheLayerMixin):
+    """One layer's K/V: views into the shared cache tensor, written at the runtime's per-row slots."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, owner: RowSlotCache) -> None:
+        super().__init__()
+        self.keys, self.values, self.owner = keys, values, owner
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor) -> None:  # preallocated: nothing to do
+        return None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        slots = self.owner.write_slots  # [B, N]
+        index = slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
+        self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
+        self.values.scatter_(2, index, value_states.to(self.values.dtype))
+        return self.keys, self.values
+
+    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+        return self.keys.shape[2], 0
+
+    def get_seq_length(self) -> int:  # never asked: the runtime passes cache_position and a 4-D mask
+        raise NotImplementedError("the static runtime passes cache_position; get_seq_length would read the device")
+
+    def get_max_cache_shape(self) -> int:
+        return self.keys.shape[2]
+
+
+class RowSlotCache(Cache):
+    """A transformers ``Cache`` over one preallocated tensor ``kv [2, layers, batch, kv_heads, capacity, head_dim]``.
+
+    ``write_slots`` ([batch, N], set by the runtime before each forward) says where each row's N new
+    K/V go. transformers' own StaticCache writes one ``cache_position`` for all rows and turns
+    sliding-window layers into rolling buffers, which tree verification and compaction cannot use.
+    """
+
+    def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        self.kv = torch.zeros(2, layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.write_slots = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        super().__init__(layers=[_RowSlotLayer(self.kv[0, i], self.kv[1, i], self) for i in range(layers)])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.kv.shape[4])
+
+    def compact(self, past: torch.Tensor, path: torch.Tensor) -> None:
+        """Move slot ``past[b] + path[b, j]`` to ``past[b] + j`` in every layer, K and V at once.
+
+        ``path`` [B, P] holds accepted tree nodes in depth order (padded by repeating the last one);
+        the rows past the accepted length land beyond the new length, where nothing reads them.
+        The gather copies before the scatter writes, so overlapping slots are safe.
+        """
+        two, layers, batch, heads, _, dim = self.kv.shape
+        width = path.shape[1]
+        source = (past[:, None] + path)[None, None, :, None, :, None].expand(two, layers, batch, heads, width, dim)
+        target = (past[:, None] + torch.arange(width, device=path.device))[None, None, :, None, :, None]
+        rows = self.kv.gather(4, source)
+        self.kv.scatter_(4, target.expand_as(source), rows)
+
+
+def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean [B, Q, K] -> additive [B, 1, Q, K] (0 where allowed, finfo.min elsewhere)."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]
+
+
+class StaticTarget:
+    """A transformers causal LM over a :class:`RowSlotCache` of fixed capacity.
+
+    ``forward`` takes a padded tree (ids, depths and ancestor visibility, all fixed-shape device
+    tensors) and the committed lengths ``past`` [B]; it writes the tree's K/V at slots
+    ``past + i``, attends through a 4-D mask (every committed slot, plus the node's ancestors and
+    itself; sliding-window layers also apply their window on positions ``past + depth``), and
+    returns the logits and the target features (hidden states of ``layer_ids``, HF's convention:
+    id k is the output of decoder layer k, the last one after the final norm).
+    """
+
+    def __init__(self, model: Any, layer_ids: list[int] | None, capacity: int, batch: int = 1) -> None:
+        config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") else model.config
+        self.model = model
+        self.layer_ids = list(layer_ids or [])
+        self.vocab_size = int(model.config.vocab_size)
+        self.max_positions = max_positions(model)
+        self.device = model.device
+        self.dtype = model.dtype
+        if capacity > self.max_positions + 256:
+            raise DFlashInputError(f"capacity={capacity} is far beyond max_position_embeddings={self.max_positions}")
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.cache = RowSlotCache(int(config.num_hidden_layers), batch, kv_heads, capacity, head_dim, self.dtype,
+                                  self.device)
+        self._window, self._mixed = _sliding_window(config)
+        self._slots = torch.arange(capacity, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    @property
+    def batch(self) -> int:
+        return int(self.cache.kv.shape[2])
+
+    def _masks(self, allowed: torch.Tensor, query_pos: torch.Tensor, key_pos: torch.Tensor) -> Any:
+        mask = _additive(allowed, self.dtype)
+        if self._window is None:
+            return mask
+        windowed = _additive(allowed & (query_pos[:, :, None] - key_pos[:, None, :] < self._window), self.dtype)
+        return {"full_attention": mask, "sliding_attention": windowed} if self._mixed else windowed
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: Any,
+             features: bool, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.cache.write_slots = slots
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
+                         cache_position=slots[0], use_cache=True, output_hidden_states=bool(features and self.layer_ids),
+                         logits_to_keep=1 if last_only else 0)
+        feats = None
+        if features and self.layer_ids:
+            feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
+        return out.logits, feats
+
+    @torch.inference_mode()
+    def prefill(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompt ids [B, P] (rows of equal length) at slots 0..P-1: last logits [B, V], features [B, P, F]."""
+        batch, length = prompt.shape
+        if length > self.capacity:
+            raise DFlashInputError(f"prompt length {length} exceeds the cache capacity {self.capacity}")
+        positions = torch.arange(length, device=self.device)[None].expand(batch, -1)
+        allowed = positions[:, :, None] >= self._slots[None, None, :]  # causal over the whole capacity
+        mask = self._masks(allowed, positions, self._slots[None].expand(batch, -1))
+        logits, feats = self._run(prompt, positions, positions, mask, True, last_only=True)
+        return logits[:, -1], feats
+
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
+               past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tree tokens/depths [B, N], visibility [B, N, N], lengths [B] -> logits [B, N, V], features [B, N, F]."""
+        n = tokens.shape[1]
+        slots = past[:, None] + torch.arange(n, device=tokens.device)
+        positions = past[:, None] + depths
+        relative = self._slots[None, :] - past[:, None]  # [B, S]: slot - past
+        in_tree = (relative >= 0) & (relative < n)
+        tree_cols = visible.gather(2, relative.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [B, N, S]
+        allowed = (relative < 0)[:, None, :] | (in_tree[:, None, :] & tree_cols)
+        # A key's position: its slot for committed tokens, past + depth for tree nodes.
+        key_pos = torch.where(in_tree, past[:, None] + depths.gather(1, relative.clamp(0, n - 1)), self._slots[None])
+        return self._run(tokens, positions, slots, self._masks(allowed, positions, key_pos), True)
+
+
+class StaticDrafter:
+    """A DFlash drafter over a static context cache ``kv [2, layers, batch, kv_heads, capacity + block, head_dim]``.
+
+    Same equations as :class:`~tensorrt_llm_dflash.drafter.DFlashDraftModel` (whose modules it
+    runs); only where the K/V live differs. Context slot j holds committed token j (position j).
+    """
+
+    def __init__(self, model: DFlashDraftModel, embed_tokens: torch.nn.Module, lm_head: torch.nn.Module,
+                 capacity: int, batch: int = 1) -> None:
+        config = model.config
+        self.model = model
+        self.embed_tokens = embed_tokens
+        self.block_size = int(config.block_size)
+        self.mask_token_id = int(config.mask_token_id)
+        self.target_layer_ids = list(config.target_layer_ids)
+        param = next(model.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        self.vocab_size = int(lm_head.weight.shape[0])
+        #: Target ids of the logits' columns (a reduced draft vocabulary), or None for the full vocabulary.
+        self.draft_ids = model.draft_token_ids()
+        weight = lm_head.weight if self.draft_ids is None else lm_head.weight.index_select(
+            0, self.draft_ids.to(lm_head.weight.device))
+        self.head_weight = weight.to(self.device)
+        attn = model.layers[0].self_attn
+        self.kv = torch.zeros(2, len(model.layers), batch, attn.num_kv_heads, capacity + self.block_size,
+                              attn.head_dim, dtype=self.dtype, device=self.device)
+        self._slots = torch.arange(capacity + self.block_size, device=self.device)
+        self._offsets = torch.arange(self.block_size, device=self.device)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.kv.shape[4]) - self.block_size
+
+    def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
+        self.kv[0, layer].scatter_(2, index, k)
+        self.kv[1, layer].scatter_(2, index, v)
+
+    @torch.inference_mode()
+    def extend(self, features: torch.Tensor, start: torch.Tensor) -> None:
+        """Context K/V of ``features`` [B, P, F] at slots ``start .. start + P - 1`` (rows past the accepted
+        count are scratch: the next call overwrites them)."""
+        slots = start[:, None] + torch.arange(features.shape[1], device=self.device)
+        ctx = self.model.project_context(features.to(self.dtype))
+        cos, sin = self.model.rotary_emb(slots, ctx.dtype)
+        for i, layer in enumerate(self.model.layers):
+            k, v = layer.self_attn.key_values(ctx, cos, sin)
+            self._write(i, slots, k, v)
+
+    @torch.inference_mode()
+    def draft(self, root: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
+        """Logits [B, block - 1, draft vocabulary] for the positions after ``root`` [B]."""
+        batch = root.shape[0]
+        ids = torch.full((batch, self.block_size), self.mask_token_id, dtype=torch.long, device=self.device)
+        ids[:, 0] = root
+        x = self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(self.device, self.dtype)
+        positions = context_len[:, None] + self._offsets  # [B, block]: the block's slots and positions
+        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        visible = self._slots[None, :] < (context_len[:, None] + self.block_size)  # [B, S + block]
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = apply_rope(attn.q_norm(attn._heads(h, attn.q_proj, attn.num_heads)), cos, sin)
+            k, v = attn.key_values(h, cos, sin)
+            self._write(i, positions, k, v)
+            allowed = visible[:, None, :].expand(-1, self.block_size, -1)
+            if attn.sliding_window is not None:
+                allowed = allowed & (positions[:, :, None] - self._slots[None, None, :] < attn.sliding_window)
+            mask = _additive(allowed, q.dtype)
+            out = F.scaled_dot_product_attention(q, self.kv[0, i], self.kv[1, i], attn_mask=mask,
+                                                 scale=1.0 / math.sqrt(attn.head_dim),
+                                                 enable_gqa=attn.num_heads != attn.num_kv_heads)
+            x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, self.block_size, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        hidden = self.model.norm(x)[:, 1:]
+        return hidden.to(self.head_weight.dtype) @ self.head_weight.T

@@ -1,0 +1,314 @@
+"""The graph-ready decode path (tensorrt_llm_dflash.graphed) on the CPU: the same stage functions a CUDA
+graph replays, run eagerly.
+
+* Exact: greedy output equals transformers' own greedy output in float64 and float32, on tiny Qwen3 and
+  Llama targets, for AR, the chain, DDTree budgets on both sides of the power-of-two sizes, real random
+  drafters and scripted ones that make long accepted paths (so compaction and the device walk are
+  exercised), stop tokens inside an accepted run, and prompts that cross the capacity step.
+* Sampling: chi-square against the target's exact joint at T > 0.
+* No host sync: a whole decode step runs under NoHostSync; its only device-to-host copy is the one
+  named copy per step; every step's tensors keep their fixed shapes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_sampling import PROMPT, VOCAB, chi2_threshold, chi_square, exact_joint
+from tiny_models import hf_greedy, tiny_drafter, tiny_target
+
+from tensorrt_llm_dflash.decode import speculative_generate
+from tensorrt_llm_dflash.graphed import CAPACITY_STEP, GraphedDecoder, tree_size
+from tensorrt_llm_dflash.nosync import NoHostSync
+from tensorrt_llm_dflash.proposer import DFlashProposer
+from tensorrt_llm_dflash.sampling import SamplingParams
+from tensorrt_llm_dflash.target import HFTargetVerifier
+
+
+class ScriptedStaticProposer:
+    """A device-side proposer that knows the target's continuation ``sequence`` (prompt + greedy output).
+
+    Row k of a draft after ``context_len`` committed tokens predicts stream token ``context_len + 1 + k``:
+    with probability ``1 - noise`` that token gets the top logit, otherwise a wrong token does and the truth
+    is second (a DDTree of two nodes per depth still finds it). Everything is a gather from tables built
+    once, so a draft reads nothing on the host.
+    """
+
+    def __init__(self, sequence: list[int], block_size: int, vocab: int, noise: float = 0.3, seed: int = 0,
+                 length: int = 1024) -> None:
+        self.block_size, self.vocab = block_size, vocab
+        self.draft_ids = None
+        self.target_layer_ids: list[int] = []
+        gen = torch.Generator().manual_seed(seed)
+        stream = torch.full((length + block_size,), -1, dtype=torch.long)
+        stream[: len(sequence)] = torch.tensor(sequence)
+        self.stream = stream
+        self.base = torch.randn(length, block_size - 1, vocab, generator=gen, dtype=torch.float64)
+        self.wrong = torch.rand(length, block_size - 1, generator=gen) < noise
+        self.wrong_token = torch.randint(0, vocab, (length, block_size - 1), generator=gen)
+        self.offsets = torch.arange(1, block_size)
+        self.drafts = 0
+
+    def static_proposer(self, model, capacity: int, batch: int) -> ScriptedStaticProposer:
+        return self
+
+    def extend(self, features, start) -> None:
+        pass
+
+    def draft(self, root: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
+        self.drafts += 1
+        truth = self.stream[context_len[:, None] + self.offsets]  # [B, D], -1 past the known stream
+        logits = self.base[context_len].clone()  # [B, D, V]
+        known = truth >= 0
+        wrong = self.wrong[context_len] & known
+        truth = truth.clamp(min=0)
+        decoy = self.wrong_token[context_len]
+        decoy = torch.where(decoy == truth, (truth + 1) % self.vocab, decoy)
+        high, second = torch.tensor(12.0, dtype=logits.dtype), torch.tensor(11.0, dtype=logits.dtype)
+        at_truth = logits.gather(2, truth[..., None])[..., 0]
+        logits.scatter_(2, truth[..., None], torch.where(known, torch.where(wrong, second, high), at_truth)[..., None])
+        at_decoy = logits.gather(2, decoy[..., None])[..., 0]
+        logits.scatter_(2, decoy[..., None], torch.where(wrong, high, at_decoy)[..., None])
+        return logits
+
+
+def _targets():
+    return [("qwen3", 0), ("llama", 1), ("qwen3", 2)]
+
+
+@pytest.mark.parametrize("arch,seed", _targets())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ar_graph_path_equals_transformers_greedy(arch, seed, dtype):
+    model = tiny_target(arch, seed=seed, dtype=dtype)
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 64, 5 + seed)]
+    reference = hf_greedy(model, prompt, 30)
+    out = GraphedDecoder(model, None).generate(prompt, 30)
+    assert out.output_ids == reference
+    assert out.stats.acceptance_lengths == [1] * 29
+
+
+@pytest.mark.parametrize("arch,seed", _targets())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("block_size,budget", [(2, 0), (4, 0), (9, 0), (4, 1), (4, 3), (8, 7), (8, 8),
+                                                (16, 15), (16, 16), (16, 33)])
+def test_scripted_drafts_equal_transformers_greedy(arch, seed, dtype, block_size, budget):
+    """Long accepted paths through compaction and the device walk; wrong top-1s recovered by the tree."""
+    model = tiny_target(arch, seed=seed, dtype=dtype)
+    prompt = [int(t) for t in np.random.default_rng(seed + 7).integers(2, 64, 3 + 4 * seed)]
+    n = 48
+    reference = hf_greedy(model, prompt, n)
+    proposer = ScriptedStaticProposer(prompt + reference, block_size, 64, noise=0.3, seed=seed)
+    decoder = GraphedDecoder(model, proposer, budget=budget)
+    out = decoder.generate(prompt, n)
+    assert out.output_ids == reference
+    lengths = out.stats.acceptance_lengths
+    assert sum(lengths[:-1]) < n - 1 <= sum(lengths) and max(lengths) <= block_size  # the last step may overshoot
+    deepest = block_size if budget == 0 else min(block_size, budget + 1)
+    assert max(lengths) >= min(deepest, 4), lengths  # long paths were accepted
+    assert decoder.nodes == tree_size(decoder.proposer, budget)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("budget", [0, 2, 5, 16])
+def test_real_drafter_equals_transformers_greedy_and_the_eager_runtime(arch, budget):
+    model = tiny_target(arch, seed=5)
+    drafter = tiny_drafter(model, block_size=6, seed=3, layers=2)
+    prompt = [5, 9, 13, 2, 7, 33, 21]
+    reference = hf_greedy(model, prompt, 40)
+    out = GraphedDecoder(model, drafter, budget=budget).generate(prompt, 40)
+    assert out.output_ids == reference
+    # The eager runtime with the same drafter accepts what the graph path accepts: same trees, same walk.
+    eager = speculative_generate(HFTargetVerifier(model, drafter.config.target_layer_ids),
+                                 DFlashProposer.for_target(drafter, model), prompt, 40, ddtree_budget=budget)
+    assert eager.output_ids == reference
+    assert eager.stats.acceptance_lengths == out.stats.acceptance_lengths
+
+
+def test_static_drafter_matches_the_reference_drafter():
+    """Draft logits of the static context cache equal the reference proposer's (float64, to rounding)."""
+    from tensorrt_llm_dflash.static_state import StaticDrafter, StaticTarget
+
+    model = tiny_target("qwen3", seed=1)
+    drafter = tiny_drafter(model, block_size=5, seed=2, layers=2)
+    prompt = [3, 8, 12, 40, 7, 9]
+    static_target = StaticTarget(model, drafter.config.target_layer_ids, 64)
+    _, features = static_target.prefill(torch.tensor([prompt]))
+    eager_features = HFTargetVerifier(model, drafter.config.target_layer_ids).prefill(prompt)[1]
+    torch.testing.assert_close(features[0], eager_features, rtol=0, atol=1e-12)
+    static = StaticDrafter(drafter, model.get_input_embeddings(), model.get_output_embeddings(), 64)
+    static.extend(features, torch.zeros(1, dtype=torch.long))
+    reference = DFlashProposer.for_target(drafter, model)
+    with torch.inference_mode():
+        got = static.draft(torch.tensor([17]), torch.tensor([len(prompt)]))
+    want = reference.propose(17, eager_features)
+    torch.testing.assert_close(got[0], want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("budget", [0, 6])
+def test_a_stop_token_inside_an_accepted_run_ends_the_output_there(budget):
+    model = tiny_target("qwen3", seed=3)
+    prompt = [4, 9, 30, 2]
+    free = hf_greedy(model, prompt, 40)
+    stop = free[17]  # committed in the middle of a step (the scripted drafter accepts runs of several tokens)
+    reference = hf_greedy(model, prompt, 40, eos_token_id=stop)
+    proposer = ScriptedStaticProposer(prompt + free, 8, 64, noise=0.0)
+    out = GraphedDecoder(model, proposer, budget=budget).generate(prompt, 40, stop_token_ids=[stop])
+    assert out.output_ids == reference and out.finish_reason == "stop"
+    assert out.output_ids[-1] == stop and stop not in out.output_ids[:-1]
+
+
+def test_a_longer_request_grows_the_static_state():
+    model = tiny_target("llama", seed=4, max_positions=1024)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(2, 64, CAPACITY_STEP - 10)]
+    reference = hf_greedy(model, prompt, 24)
+    decoder = GraphedDecoder(model, ScriptedStaticProposer(prompt + reference, 4, 64, length=2048), budget=3)
+    assert decoder.capacity == CAPACITY_STEP
+    assert decoder.generate(prompt, 24).output_ids == reference
+    assert decoder.capacity == 2 * CAPACITY_STEP
+    short = [7, 8, 9]
+    assert decoder.generate(short, 10).output_ids == hf_greedy(model, short, 10)
+
+
+# --------------------------------------------------------------------------------- host syncs
+
+
+@pytest.mark.parametrize("budget", [0, 5])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_decode_step_reads_nothing_on_the_host(budget, greedy):
+    """A step (draft, tree build, verify, walk, compaction, context update) under NoHostSync: any read of a
+    device value on the host, or any data-dependent shape, raises; every step's outputs keep their shapes."""
+    model = tiny_target("qwen3", seed=6)
+    drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=budget)
+    sampling = SamplingParams() if greedy else SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=1)
+    decoder.generate([3, 4, 5, 6], 8, sampling=sampling)  # sets the state up, and the sampling mode
+    shapes = None
+    for _ in range(4):
+        decoder.max_depth.fill_(decoder.nodes - 1)
+        with torch.inference_mode(), NoHostSync():
+            live: dict[str, torch.Tensor] = {}
+            for _, fn in decoder._stage_fns():
+                live.update(fn(live))
+        step_shapes = {k: tuple(v.shape) for k, v in live.items()}
+        assert shapes is None or step_shapes == shapes
+        shapes = step_shapes
+        assert tuple(decoder.out.shape) == (1, 2 + decoder.path_width)  # count, tokens, next size
+    assert shapes["tokens"] == (1, decoder.nodes)
+
+
+def test_nohostsync_catches_the_decoders_own_copy():
+    """The guard is live around the step: the loop's one copy (``.tolist()``) raises inside it, unless named."""
+    model = tiny_target("llama", seed=2)
+    decoder = GraphedDecoder(model, None)
+    decoder.generate([1, 2, 3], 4)
+    with torch.inference_mode(), pytest.raises(RuntimeError), NoHostSync():
+        decoder.step()[0].tolist()
+    with torch.inference_mode(), NoHostSync() as guard:
+        out = decoder.step()
+        with guard.allow("the step's tokens"):
+            out[0].tolist()
+
+
+# --------------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("budget,temperature,top_k,top_p,runs", [(0, 1.0, 0, 1.0, 1500), (4, 1.0, 0, 1.0, 1500),
+                                                                 (3, 1.3, 4, 0.8, 1500)])
+def test_sampling_preserves_the_target_distribution(budget, temperature, top_k, top_p, runs):
+    target = tiny_target("qwen3", seed=3, vocab=VOCAB, layers=2, hidden=16, init_std=0.3)
+    drafter = tiny_drafter(target, block_size=3, seed=5)
+
+    def params(seed):
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+    joint = exact_joint(target, params(0), length=2)
+    decoder = GraphedDecoder(target, drafter, budget=budget)
+    counts = np.zeros((VOCAB, VOCAB), dtype=np.int64)
+    multi = 0
+    for r in range(runs):
+        out = decoder.generate(PROMPT, 2, sampling=params(10_000 * (budget + 1) + r))
+        counts[tuple(out.output_ids)] += 1
+        multi += max(out.stats.acceptance_lengths or [1]) > 1
+    assert not counts[joint == 0].any()
+    stat, df = chi_square(counts, joint)
+    assert stat < chi2_threshold(df), f"chi2={stat:.1f} (df={df})"
+    assert multi > runs // 20, multi  # drafts were accepted
+    # The test can fail: the same counts against a distribution with its first token shifted.
+    wrong = np.roll(joint, 1, axis=0)
+    wrong = 0.999 * wrong + 0.001 / wrong.size
+    assert chi_square(counts, wrong / wrong.sum())[0] > 5 * chi2_threshold(df)
+
+
+# --------------------------------------------------------------------------------- the cost-aware policy
+
+
+@pytest.mark.parametrize("arch,seed", _targets())
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_device_policy_equals_transformers_greedy_and_changes_size(arch, seed, dtype):
+    model = tiny_target(arch, seed=seed, dtype=dtype)
+    prompt = [int(t) for t in np.random.default_rng(seed + 11).integers(2, 64, 4 + 3 * seed)]
+    n = 60
+    reference = hf_greedy(model, prompt, n)
+    proposer = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.3, seed=seed)
+    # A steep cost curve: big trees pay only when the calibrated values say they will be accepted.
+    decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8, 16),
+                             policy_costs=[1.0, 1.2, 1.6, 2.6])
+    out = decoder.generate(prompt, n)
+    assert out.output_ids == reference
+    assert len(set(out.stats.tree_sizes)) >= 2, out.stats.tree_sizes  # the next size follows each step's copy
+    assert set(out.stats.tree_sizes) <= {2, 4, 8, 16}
+    assert decoder.policy.trials.sum() > 0 and not torch.equal(decoder.policy.table, decoder.policy.prior)
+
+
+def test_the_device_policy_with_a_real_drafter_and_measured_costs():
+    model = tiny_target("qwen3", seed=8)
+    drafter = tiny_drafter(model, block_size=6, seed=4, layers=2)
+    prompt = [9, 4, 22, 17, 3]
+    decoder = GraphedDecoder(model, drafter, budget=None, policy_buckets=(2, 4, 8))
+    out = decoder.generate(prompt, 30)
+    assert out.output_ids == hf_greedy(model, prompt, 30)
+    costs = decoder.policy.costs.tolist()
+    assert len(costs) == 3 and all(c > 0 for c in costs)  # measured after start-up, one per size
+
+
+def test_the_policy_step_reads_nothing_on_the_host():
+    model = tiny_target("llama", seed=9)
+    drafter = tiny_drafter(model, block_size=5, seed=2, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=None, policy_buckets=(2, 4, 8), policy_costs=[1.0, 1.1, 1.3])
+    decoder.generate([5, 6, 7], 6)
+    for size in (2, 4, 8):
+        decoder.nodes = size
+        decoder.max_depth.fill_(4)
+        with torch.inference_mode(), NoHostSync():
+            live: dict[str, torch.Tensor] = {}
+            for _, fn in decoder._stage_fns():
+                live.update(fn(live))
+        assert live["tokens"].shape == (1, size) and live["next_bucket"].shape == (1,)
+
+
+def test_selection_keeps_a_tree_and_ranks_by_value():
+    """The policy's verify set is prefix-closed and holds the best nodes by calibrated path value."""
+    from tensorrt_llm_dflash.device_policy import DevicePolicy
+    from tensorrt_llm_dflash.device_tree import build_ddtree_device, to_draft_tree
+
+    rng = np.random.default_rng(0)
+    policy = DevicePolicy(6, (2, 4, 8, 16, 32), torch.device("cpu"))
+    policy.table.copy_(torch.rand(policy.table.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64))
+    for _ in range(30):
+        lp = np.log(rng.dirichlet(np.full(12, 0.4), size=6))
+        lp = -np.sort(-lp, axis=1)
+        pool = build_ddtree_device(torch.tensor([3]), torch.tensor(lp)[None],
+                                   torch.tensor(rng.choice(1000, (6, 12)))[None], 31)
+        values = policy.path_values(pool, 6)
+        size = int(rng.choice([2, 4, 8, 16]))
+        tree = policy.select(pool, values, size)
+        host = to_draft_tree(tree)
+        assert all(p < i for i, p in enumerate(host.parents.tolist()[1:], start=1))
+        chosen = sorted(values[0, 1:].tolist(), reverse=True)[: size - 1]
+        kept = values[0].gather(0, torch.tensor([0] + [int(i) for i in torch.sort(
+            torch.sort(-values, dim=1, stable=True).indices[:, :size], dim=1).values[0, 1:]]))
+        assert sorted(kept[1:].tolist(), reverse=True) == chosen
+        vals = values[0].tolist()
+        parents = pool.parents[0].tolist()
+        assert all(vals[i] <= vals[parents[i]] for i in range(1, len(vals)) if parents[i] >= 0)
