@@ -136,6 +136,7 @@ class GraphedDecoder:
         self._pending_timing: tuple[list[str], dict[str, float]] | None = None
         self.sampling = SamplingParams()
         self._graphs: dict[tuple, _Graphs] = {}
+        self._pool: Any = None
 
     @property
     def capacity(self) -> int:
@@ -238,7 +239,11 @@ class GraphedDecoder:
                     live.update(fn(live))
                 self.past.zero_()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        pool = torch.cuda.graph_pool_handle()
+        # One memory pool for every size's graphs: only one size replays at a time, and the tensors a later
+        # stage reads stay referenced in ``captured.live``, so no capture can reuse their memory.
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        pool = self._pool
         live = {}
         with torch.inference_mode():
             for name, fn in self._stage_fns():
