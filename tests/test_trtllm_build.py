@@ -15,11 +15,21 @@ import pytest
 
 from tensorrt_llm_dflash.trtllm import build
 
+#: The attention fields of converted checkpoints (config.json): Qwen3-8B, which TensorRT-LLM's
+#: tree-verification kernels run (head group 4, head size 128).
+QWEN3_8B = {"num_attention_heads": 32, "num_key_value_heads": 8, "head_size": 128, "dtype": "bfloat16",
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}}
+
+
+def write_ckpt(path, **fields):
+    config = {"architecture": "DFlashForCausalLM", "dflash": {"block_size": 8}, **QWEN3_8B, **fields}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
 
 @pytest.fixture
 def dflash_ckpt(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architecture": "DFlashForCausalLM", "dflash": {"block_size": 8}}))
-    return tmp_path
+    return write_ckpt(tmp_path)
 
 
 @pytest.fixture
@@ -37,6 +47,7 @@ def fake_trtllm(monkeypatch):
     monkeypatch.setattr("tensorrt_llm_dflash.trtllm.plugins.load_plugin_library",
                         lambda path=None: calls.__setitem__("plugins", calls["plugins"] + 1))
     monkeypatch.setattr(build, "register_model", lambda: calls.__setitem__("registered", calls["registered"] + 1))
+    monkeypatch.setattr(build, "device_sm", lambda device=None: None)  # the build machine's GPU: none here
     monkeypatch.delenv(build.MAX_DRAFT_LEN_ENV, raising=False)
     monkeypatch.setattr(sys, "argv", ["trtllm-build"])
     return calls
@@ -116,10 +127,108 @@ def test_max_draft_len_must_be_an_integer_and_equals_form_is_read(fake_trtllm, d
 
 
 def test_checkpoint_max_draft_len_is_checked_when_the_flag_is_absent(fake_trtllm, tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"architecture": "DFlashForCausalLM", "max_draft_len": 500,
-                                                      "dflash": {"block_size": 8}}))
+    write_ckpt(tmp_path, max_draft_len=500)
     assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
     assert "config.json max_draft_len=500 is out of range 7..256" in capsys.readouterr().err
+
+
+# ------------------------------------------- attention kernels for tree verification (issue 31)
+
+#: SmolLM2-135M-Instruct (the embedded target): 9 q / 3 KV heads (group 3) of size 64.
+SMOLLM2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "head_size": 64}
+
+
+def test_smollm2_checkpoint_is_refused_before_anything_is_built(fake_trtllm, tmp_path, capsys):
+    """Head group 3 does not divide 64: decoderXQARunner sends it to the precompiled cubins, which
+    have spec-decoding kernels for head size 128 only, so the engine would abort at its first
+    verify step. The build refuses it in one line naming the shape, the rule, the source and
+    what works, before TensorRT-LLM or the plugin library is touched."""
+    write_ckpt(tmp_path, **SMOLLM2)
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash",
+                       "--max_draft_len", "32", "--max_batch_size", "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    for part in ("9 q / 3 KV heads, head size 64, bfloat16", "head group 3 does not divide 64",
+                 "decoderXQARunner.cpp @ 83b43274", "head size 128 only", "xqa_kernel_cubin.h @ 2340c776",
+                 "No available XQA kernels are found for speculative decoding mode", "what works:"):
+        assert part in err, (part, err)
+    assert fake_trtllm["argv"] is None and fake_trtllm["plugins"] == 0
+
+
+@pytest.mark.parametrize(("name", "fields", "flags", "refused"), [
+    ("qwen3-8b, default 32-token blocks", {}, [], None),
+    ("qwen3-8b, 8-token blocks", {}, ["--tokens_per_block", "8"], "the JIT XQA kernels take paged KV blocks of 16/32"),
+    ("qwen3-14b (group 5), default 32-token blocks", {"num_attention_heads": 40}, [],
+     "--tokens_per_block=32: head group 5 does not divide 64"),
+    ("qwen3-14b, 64-token blocks", {"num_attention_heads": 40}, ["--tokens_per_block", "64"], None),
+    ("qwen3-14b, continuous KV", {"num_attention_heads": 40}, ["--kv_cache_type", "continuous"], None),
+    ("qwen2.5-7b (group 7), =128", {"num_attention_heads": 28, "num_key_value_heads": 4},
+     ["--tokens_per_block=128"], None),
+    ("qwen2.5-7b, legacy --paged_kv_cache disable", {"num_attention_heads": 28, "num_key_value_heads": 4},
+     ["--paged_kv_cache", "disable"], None),
+    ("head group 64", {"num_attention_heads": 64, "num_key_value_heads": 1}, [], "head group <= 32"),
+    ("head size 72", {"head_size": 72}, [], "a head size that is a multiple of 16 in 16..256"),
+    ("the CI engines (2/1 heads of 64)", {"num_attention_heads": 2, "num_key_value_heads": 1, "head_size": 64},
+     ["--tokens_per_block", "16"], None),
+    ("fp32", {"dtype": "float32"}, [], "dtype='float32': TensorRT-LLM verifies trees (spec decoding) in fp16/bf16"),
+    ("no KV cache", {}, ["--kv_cache_type", "disabled"], "--kv_cache_type=disabled"),
+    ("tp 8 duplicates KV heads", {"num_key_value_heads": 4, "mapping": {"world_size": 8, "tp_size": 8}}, [], None),
+    ("heads not divisible", {"num_attention_heads": 12, "num_key_value_heads": 8}, [],
+     "must be a multiple of KV heads per rank"),
+])
+def test_tree_attention_kernel_rule_by_shape(fake_trtllm, tmp_path, capsys, name, fields, flags, refused):
+    write_ckpt(tmp_path, **fields)
+    code = build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash", *flags])
+    err = capsys.readouterr().err
+    if refused is None:
+        assert code == 0, (name, err)
+        assert fake_trtllm["argv"] is not None
+    else:
+        assert code == 2 and refused in err, (name, err)
+        assert fake_trtllm["argv"] is None
+
+
+@pytest.mark.parametrize(("sm", "fields", "flags", "refused"), [
+    (90, {}, [], None),
+    (100, {}, [], "GPU SM 100: on the SM100 family XQA runs the TRTLLM-GEN kernels"),
+    (103, {}, [], "TRTLLM-GEN does not support Speculative decoding"),
+    (75, {}, [], "need SM >= 80"),
+    (120, {}, [], None),  # group 4: JIT (HMMA) kernels, SM >= 80
+    (120, {"num_attention_heads": 40}, ["--tokens_per_block", "64"], "built for SM 80/86/89/90 only"),
+    (89, {"num_attention_heads": 40}, ["--tokens_per_block", "64"], None),
+])
+def test_the_build_machines_gpu_is_checked(fake_trtllm, tmp_path, capsys, monkeypatch, sm, fields, flags, refused):
+    """TensorRT-LLM builds for the GPU it runs on: where the build machine has one, its SM is
+    checked too (Blackwell's TRTLLM-GEN path has no spec decoding; the cubins stop at SM 90)."""
+    monkeypatch.setattr(build, "device_sm", lambda device=None: sm)
+    write_ckpt(tmp_path, **fields)
+    code = build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash", *flags])
+    err = capsys.readouterr().err
+    assert (code, refused is None or refused in err) == (0 if refused is None else 2, True), err
+
+
+def test_malformed_kernel_fields_are_named(fake_trtllm, tmp_path, capsys):
+    write_ckpt(tmp_path, head_size="64")
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
+    assert "config.json head_size='64': a positive integer is required" in capsys.readouterr().err
+    write_ckpt(tmp_path)
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash",
+                       "--tokens_per_block", "many"]) == 2
+    assert "--tokens_per_block='many' is not an integer" in capsys.readouterr().err
+    assert fake_trtllm["argv"] is None
+
+
+def test_device_sm_is_none_without_a_cuda_device(monkeypatch):
+    import torch
+
+    from tensorrt_llm_dflash.trtllm.kernel_support import device_sm
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert device_sm() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert device_sm() == 90 and device_sm("cuda:0") == 90
+    assert device_sm("cpu") is None
 
 
 # ------------------------------------------------------------ the start-up hook (hook.py)
@@ -153,6 +262,7 @@ def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_c
         monkeypatch.delitem(sys.modules, name, raising=False)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setattr(dflash_build, "register_model", lambda: None)
+    monkeypatch.setattr(dflash_build, "device_sm", lambda device=None: None)
     monkeypatch.setattr("tensorrt_llm_dflash.trtllm.plugins.load_plugin_library", lambda path=None: None)
     monkeypatch.delenv(build.MAX_DRAFT_LEN_ENV, raising=False)
     hook.install()

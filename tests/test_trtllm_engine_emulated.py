@@ -17,6 +17,7 @@ for the bf16 exactness rule.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -35,6 +36,9 @@ from engine_case import (
     pytorch_run,
     write_checkpoint,
 )
+
+from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashInputError
+from tensorrt_llm_dflash.trtllm.runner import EngineProposer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,9 +208,11 @@ def test_old_compact_mask_layout_is_misread(tmp_path, monkeypatch):
     assert "wrong" in results[True]
 
 
-def test_fp32_or_head_dim_8_engines_are_refused(tmp_path):
+def test_fp32_or_head_dim_8_engines_are_refused(tmp_path, monkeypatch):
     """Defect 1: what the GPU test used to build (fp32, head_dim 8) is refused by the gpt
-    attention plugin: XQA spec decoding is fp16/bf16 only, MMHA has no head size 8."""
+    attention plugin: XQA spec decoding is fp16/bf16 only, MMHA has no head size 8. The build
+    entry point refuses both by name first (kernel_support.py); with that check bypassed, the
+    emulated plugin refuses them as TensorRT-LLM does."""
     from test_trtllm_convert import make_drafter, make_target
 
     from tensorrt_llm_dflash.drafter import save_dflash_drafter
@@ -219,12 +225,25 @@ def test_fp32_or_head_dim_8_engines_are_refused(tmp_path):
     with standin.active(tmp_path / "lib"):
         from _emu import EmulationError
 
-        for dtype, message in (("float32", "Speculative decoding mode doesn't support the data type"),
-                               ("bfloat16", "Head size 8 is not supported by MMHA")):
+        from tensorrt_llm_dflash.trtllm import build
+
+        for dtype, message, by_name in (
+                ("float32", "Speculative decoding mode doesn't support the data type", "dtype='float32'"),
+                ("bfloat16", "Head size 8 is not supported by MMHA", "a head size that is a multiple of 16")):
             ckpt = tmp_path / f"ckpt-{dtype}"
             convert_checkpoint(tmp_path / "target", tmp_path / "drafter", ckpt, dtype=dtype, progress=False)
-            with pytest.raises(EmulationError, match=message):
-                build_engine(tmp_path / dtype, ckpt, max_draft_len=8)
+            assert build.main(build_argv(ckpt, tmp_path / dtype / "engine", max_draft_len=8)) == 2
+            with monkeypatch.context() as m:
+                # TensorRT-LLM's own build path (no entry-point check): the network refuses by name.
+                m.setattr(build, "check_kernels", lambda *args: "bypassed")
+                with pytest.raises(DFlashConfigError, match=re.escape(by_name)):
+                    build_engine(tmp_path / dtype, ckpt, max_draft_len=8)
+                # Both checks bypassed: the emulated plugin refuses as TensorRT-LLM's does.
+                from tensorrt_llm_dflash.trtllm import model
+
+                m.setattr(model, "spec_decoding_kernel", lambda *args, **kwargs: "bypassed")
+                with pytest.raises(EmulationError, match=message):
+                    build_engine(tmp_path / dtype, ckpt, max_draft_len=8)
 
 
 def test_logits_dtype_reaches_the_engine_config(tmp_path):
@@ -269,6 +288,41 @@ def test_runner_selects_the_generation_profile(engines):
         assert engine.engine.num_optimization_profiles == 2
         assert engine.context.active_optimization_profile == 1
         assert len(got.output_ids) == 6
+
+
+def test_multiple_profiles_engine_picks_the_profile_by_token_count(tmp_path):
+    """Issue 31, item 4: with ``--multiple_profiles enable`` and the paged KV cache, TensorRT-LLM
+    splits profiles by token count ([1, 64], [64, 128]; generation_mixin.py split_num_tokens_range)
+    and its runtime picks the profile holding the pass's token count (tllmRuntime.h
+    getOptProfileId). A 70-token prompt runs on profile 1, the verify passes (<= 41 tokens) on
+    profile 0; taking profile 0 for context and 1 for generation (the old rule) fails
+    set_input_shape on both. Tokens equal the PyTorch runtime's, chain and trees."""
+    from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget
+
+    long_prompt = torch.randint(2, 32, (70,), generator=torch.Generator().manual_seed(7)).tolist()
+    with standin.active(tmp_path / "lib"):
+        target, drafter, ckpt = write_checkpoint(tmp_path, "qwen3")
+        engine_dir = build_engine(tmp_path, ckpt, kv_cache="paged", extra=(
+            "--multiple_profiles", "enable", "--max_num_tokens", "128", "--max_input_len", "80",
+            "--max_seq_len", "160", "--tokens_per_block", "16"))
+        engine = DFlashEngineTarget(engine_dir, device="cpu")
+        assert engine.engine.num_optimization_profiles == 2 and not engine.ctx_gen_profiles
+        seen = []
+        select = engine._select_profile
+        engine._select_profile = lambda is_context, n: seen.append((is_context, n, select(is_context, n))) or seen[-1][2]
+        from tensorrt_llm_dflash.decode import speculative_generate
+
+        for prompt in (long_prompt, PROMPTS[0]):
+            for budget in (0, MAX_DRAFT_LEN):
+                got = speculative_generate(engine, EngineProposer(engine), prompt, 12, ddtree_budget=budget)
+                expected = pytorch_run(target, drafter, prompt, budget, max_new=12)
+                assert got.output_ids == expected.output_ids, (len(prompt), budget)
+                assert got.stats.acceptance_lengths == expected.stats.acceptance_lengths, (len(prompt), budget)
+        assert (True, 70, 1) in seen and (True, len(PROMPTS[0]), 0) in seen
+        assert all(p == 0 for is_context, n, p in seen if not is_context)
+        with pytest.raises(DFlashInputError, match="fits none of the engine's 2 optimization profiles"):
+            engine._select_profile = select
+            engine.prefill(list(range(2, 32)) * 5)  # 150 tokens: beyond max_num_tokens
 
 
 def test_kv_compaction_is_skipped_while_tensorrt_builds(tmp_path, monkeypatch):

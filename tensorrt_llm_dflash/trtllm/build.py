@@ -15,6 +15,10 @@ So ``dflash`` is this project's own CLI name. This entry point:
    config carrying ``max_draft_len`` (older releases did), so the mode would stay ``NONE``:
    ``max_seq_len`` and ``max_num_tokens`` would not grow by the tree while the
    ``spec_decoding_*`` inputs were still declared;
+   It also refuses, by name, an engine TensorRT-LLM's tree-verification attention has no kernel
+   for (the target's head group and head size, ``--tokens_per_block``, and the GPU's SM when this
+   machine has one; ``kernel_support.py``): such an engine would build and then abort at its
+   first verify step ("No available XQA kernels are found for speculative decoding mode");
 4. exports ``--max_draft_len`` in ``$TRTLLM_DFLASH_MAX_DRAFT_LEN``, which ``DFlashConfig``
    reads, so ``model.config.max_draft_len`` always equals the flag: ``build`` copies the
    config's value into ``build_config.max_draft_len`` when the flag is absent (1.2), and
@@ -47,6 +51,7 @@ from pathlib import Path
 
 from ..errors import DFlashConfigError, DFlashError
 from .constants import ARCHITECTURE, DFLASH_MODE, MAX_DRAFT_LEN_ENV, MAX_ENGINE_DRAFT_LEN, MODE_FLAG, TRTLLM_MODE
+from .kernel_support import DEFAULT_TOKENS_PER_BLOCK, TargetAttention, device_sm, spec_decoding_kernel
 
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
@@ -117,7 +122,48 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
             f"block_size - 1 = {block_size - 1} draft tokens, and TensorRT-LLM builds tree speculative decoding with "
             f"at most {MAX_ENGINE_DRAFT_LEN} (tensorrt_llm/builder.py); pass the largest --ddtree_budget you will run"
         )
+    check_kernels(argv, config, Path(ckpt) / "config.json")
     return True, max_draft_len
+
+
+def _int_flag(argv: list[str], flag: str, default: int) -> int:
+    raw = _flag_value(argv, flag)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DFlashConfigError(f"{flag}={raw!r} is not an integer") from None
+
+
+def target_attention(config: dict, where: Path) -> TargetAttention:
+    """The target's attention shape from a converted checkpoint's config.json."""
+    fields = {}
+    for key in ("num_attention_heads", "num_key_value_heads", "head_size"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DFlashConfigError(f"{where} {key}={value!r}: a positive integer is required (convert the checkpoint "
+                                    "with examples/convert_checkpoint.py)")
+        fields[key] = value
+    tp = int((config.get("mapping") or {}).get("tp_size", 1))
+    return TargetAttention(fields["num_attention_heads"], fields["num_key_value_heads"], fields["head_size"],
+                           str(config.get("dtype")), tp)
+
+
+def check_kernels(argv: list[str], config: dict, where: Path) -> str:
+    """Refuse, before TensorRT-LLM starts, an engine whose tree verification has no TensorRT-LLM
+    attention kernel (kernel_support.py, each rule cited there): the shape, the KV block size and,
+    when this machine has a GPU, its SM. Returns the kernel family that will run."""
+    kv_cache_type = _flag_value(argv, "--kv_cache_type")
+    if kv_cache_type is None:  # the legacy flag; TensorRT-LLM 1.2 builds a paged cache by default
+        kv_cache_type = "continuous" if _flag_value(argv, "--paged_kv_cache") == "disable" else "paged"
+    if kv_cache_type == "disabled":
+        raise DFlashConfigError(
+            "--kv_cache_type=disabled: TensorRT-LLM verifies trees with a KV cache only (attentionOp.cpp @ eea41b73, "
+            "AttentionOp::initialize); use paged (the default) or continuous")
+    tokens_per_block = _int_flag(argv, "--tokens_per_block", DEFAULT_TOKENS_PER_BLOCK)
+    return spec_decoding_kernel(target_attention(config, where), paged=kv_cache_type == "paged",
+                                tokens_per_block=tokens_per_block, sm=device_sm())
 
 
 def register_model() -> None:

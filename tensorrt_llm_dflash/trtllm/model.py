@@ -84,6 +84,7 @@ from ..errors import DFlashConfigError
 from . import plugins
 from .config import DFlashConfig
 from .constants import ARCHITECTURE, MAX_ENGINE_DRAFT_LEN
+from .kernel_support import TargetAttention, spec_decoding_kernel
 
 #: Engine I/O added by DFlash (docs/trtllm_engine.md lists shapes and dtypes).
 INPUT_NAMES = (
@@ -287,6 +288,7 @@ class DFlashForCausalLM(PretrainedModel):
 
             # -- one pass -----------------------------------------------------------------
             def forward(self, *args: Any, **kwargs: Any) -> Any:
+                self._check_attention_kernel()
                 dflash = {name: kwargs.pop(name) for name in INPUT_NAMES}
                 committed = self._compact_previous_path(dflash, kwargs)
                 kwargs["spec_decoding_params"] = self._tree_mask(dflash, kwargs["spec_decoding_params"])
@@ -301,6 +303,15 @@ class DFlashForCausalLM(PretrainedModel):
                 num_accepted.mark_output("dflash_num_accepted", "int32")
                 committed.mark_output("dflash_committed_lengths", "int32")
                 return (medusa_logits, *outputs)
+
+            def _check_attention_kernel(self) -> None:
+                """The network is only worth building if TensorRT-LLM has an attention kernel that
+                verifies its trees (kernel_support.py): also when it is built without build.py."""
+                config, plugin_config = self.config, default_net().plugin_config
+                spec_decoding_kernel(
+                    TargetAttention(config.num_attention_heads, config.num_key_value_heads, config.head_size,
+                                    config.dtype, config.mapping.tp_size),
+                    paged=bool(plugin_config.paged_kv_cache), tokens_per_block=plugin_config.tokens_per_block)
 
             def _compact_previous_path(self, dflash: dict[str, Tensor], kwargs: dict[str, Any]) -> Tensor:
                 """Compact the previous step's accepted path (host walk) before any attention reads

@@ -47,6 +47,7 @@ import torch
 
 from ..errors import DFlashConfigError, DFlashInputError
 from ..tree import DraftTree, batched_tree_inputs
+from .kernel_support import TargetAttention, device_sm, spec_decoding_kernel
 
 #: trtllm-build flags the runtime needs (docs/trtllm_engine.md).
 REQUIRED_BUILD = "--remove_input_padding enable --gpt_attention_plugin auto"
@@ -115,9 +116,24 @@ class DFlashEngineTarget:
         self.mismatched_drafts = 0
         #: Per verify pass: (in-graph accepted count, in-graph bonus, host accepted count, host bonus).
         self.walk_log: list[tuple[int, int, int, int]] = []
+        self.ctx_gen_profiles = self._profile_split()
+        self._check_kernel(tp)
         self._all_reduce = self._all_reduce_workspace(mapping, rank)
         self._allocate()
         self.reset()
+
+    def _check_kernel(self, tp: int) -> None:
+        """On a GPU, refuse before the first pass an engine whose tree verification has no
+        attention kernel on this GPU (kernel_support.py): TensorRT-LLM would abort at the first
+        verify step. The build already refused what fails on every GPU; the SM is known here."""
+        sm = device_sm(self.device)
+        if sm is None:
+            return
+        plugin = self.build["plugin_config"]
+        spec_decoding_kernel(
+            TargetAttention(int(self.pretrained["num_attention_heads"]), int(self.pretrained["num_key_value_heads"]),
+                            int(self.pretrained["head_size"]), str(self.pretrained["dtype"]), tp),
+            paged=bool(plugin.get("paged_kv_cache")), tokens_per_block=int(plugin.get("tokens_per_block", 32)), sm=sm)
 
     # ------------------------------------------------------------------ buffers
     def _dtype(self, name: str) -> torch.dtype:
@@ -263,11 +279,43 @@ class DFlashEngineTarget:
             "spec_decoding_use": self._i32([0 if tree is None else 1], host=True),
         }
 
-    def _select_profile(self, is_context: bool) -> int:
-        """TensorRT-LLM builds a continuous-KV engine without the gemm plugin with two
-        optimization profiles, context then generation (models/generation_mixin.py,
-        has_ctx_gen_opt_profiles); every other engine has one."""
-        profile = 0 if is_context or self.engine.num_optimization_profiles < 2 else 1
+    def _profile_split(self) -> bool:
+        """True when the engine's optimization profiles are a context and a generation profile.
+
+        TensorRT-LLM lays profiles out one of two ways (models/generation_mixin.py @ 03ec464e,
+        ``get_profiles_ranges``): when ``has_ctx_gen_opt_profiles`` (a continuous KV cache without
+        the gemm plugin), profile 0 for context and 1 for generation steps; otherwise one
+        profile, or with ``--multiple_profiles enable`` one per range of token counts split at
+        64, 128, 256, 512 and 1024 (``split_num_tokens_range``: [1, 64], [64, 128], ...)."""
+        from tensorrt_llm.models.generation_mixin import GenerationMixin
+        from tensorrt_llm.models.modeling_utils import get_kv_cache_type_from_legacy
+
+        plugin = self.build["plugin_config"]
+        return GenerationMixin.has_ctx_gen_opt_profiles(
+            use_gpt_attention_plugin=bool(plugin.get("gpt_attention_plugin")),
+            use_gemm_plugin=bool(plugin.get("gemm_plugin")),
+            remove_input_padding=bool(plugin.get("remove_input_padding")),
+            kv_cache_type=get_kv_cache_type_from_legacy(True, bool(plugin.get("paged_kv_cache"))))
+
+    def _select_profile(self, is_context: bool, num_tokens: int) -> int:
+        """The profile a pass of ``num_tokens`` packed tokens runs on: by phase for context /
+        generation profiles, else the first profile whose ``input_ids`` range holds the count,
+        as TensorRT-LLM's runtime picks it (cpp/include/tensorrt_llm/runtime/tllmRuntime.h,
+        ``getOptProfileId``: ``lower_bound`` of the token count in the split points)."""
+        profiles = self.engine.num_optimization_profiles
+        if profiles < 2:
+            profile = 0
+        elif self.ctx_gen_profiles:
+            profile = 0 if is_context else 1
+        else:
+            ranges = [self.engine.get_tensor_profile_shape("input_ids", p) for p in range(profiles)]
+            fits = [p for p, (lo, _, hi) in enumerate(ranges) if lo[0] <= num_tokens <= hi[0]]
+            if not fits:
+                raise DFlashInputError(
+                    f"a pass of {num_tokens} tokens fits none of the engine's {profiles} optimization profiles "
+                    f"(input_ids {[(lo[0], hi[0]) for lo, _, hi in ranges]}): rebuild with a larger --max_num_tokens "
+                    "or send a shorter prompt")
+            profile = fits[0]
         if self.context.active_optimization_profile != profile:
             if not self.context.set_optimization_profile_async(profile, self._stream_handle()):
                 raise RuntimeError(f"TensorRT refused optimization profile {profile}")
@@ -279,7 +327,7 @@ class DFlashEngineTarget:
             raise DFlashConfigError(
                 f"the engine has inputs this runtime does not provide: {missing}; build it with {REQUIRED_BUILD}"
             )
-        profile = self._select_profile(is_context)
+        profile = self._select_profile(is_context, int(inputs["input_ids"].shape[0]))
         bound = {n: inputs[n] for n in self.input_names}
         for name, tensor in bound.items():
             if not self.context.set_input_shape(name, tuple(tensor.shape)):

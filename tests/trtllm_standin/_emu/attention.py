@@ -28,7 +28,15 @@ kernels/kvCacheUtils.h @ 0ccf9032):
   bytes_per_block);
 * refused as the plugin refuses: spec decoding outside fp16/bf16 ("Speculative decoding mode
   doesn't support the data type or cross attention."), head sizes MMHA lacks, heads not a
-  multiple of KV heads; at run time XQA's conditions for multi-token generation.
+  multiple of KV heads, bf16 below SM 80; at run time, a spec-decoding step with no XQA kernel
+  for the shape, block size and SM of the emulated GPU (``$TRTLLM_STANDIN_SM``, default 90):
+  the routing of decoderXQARunner / the JIT kernels / the precompiled cubins, each rule cited
+  in ``_emu/xqa.py``;
+* faithful numerics: the XQA kernels round the unnormalised softmax probabilities to the
+  input type (bf16/fp16) before the multiply by V, and divide by the row sum of the unrounded
+  ones afterwards (``cpp/kernels/xqa/test/refAttention.cpp`` @ 18d5b389, ``refAttention``: ``x``
+  rounded to ``MathElem`` before ``gemm1``, ``rowSum`` from the float ``x``); emulated for the
+  spec-decoding generation steps (XQA). The context phase (FMHA) keeps float32 probabilities.
 While ``IS_BUILDING=1`` (TensorRT timing the layer) ``enqueue`` returns at once, as upstream.
 """
 
@@ -40,7 +48,8 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from .core import EmulatedMemoryFault, EmulationError, compute_dtype, device_memory, physical_dtype
+from .core import EmulatedMemoryFault, EmulationError, compute_dtype, device_memory, numerics_mode, physical_dtype
+from .xqa import SpecStep, emulated_sm, spec_decoding_kernel
 
 PLUGIN_NAME = "GPTAttention"
 PLUGIN_VERSION = "1"
@@ -109,6 +118,8 @@ def check_initialize(f: GPTAttentionFields) -> None:
                                  f"cache; got {f.dtype})")
         if f.num_heads % f.num_kv_heads:
             raise EmulationError("GPTAttention: mNumHeads should be multiples of mNumKVHeads.")
+    if f.dtype == "bfloat16" and emulated_sm() < 80:
+        raise EmulationError("GPTAttention: Unsupported data type, pre SM 80 GPUs do not support bfloat16")
     if f.head_size not in MMHA_HEAD_SIZES:
         raise EmulationError(f"GPTAttention: Head size {f.head_size} is not supported by MMHA.")
     if f.position_embedding_type in ROPE_TYPES and f.rotary_embedding_dim == 0:
@@ -314,8 +325,8 @@ class _Run:
         spec_on = f.is_spec_decoding_enabled and _host(x["spec_decoding_use"])[0] != 0
         if num_gen:
             if spec_on:
-                self._check_xqa_spec(seq_lens)
                 lengths = _host(x["spec_decoding_generation_lengths"])[:num_gen]
+                self._check_xqa_spec(lengths)
                 offsets = x["spec_decoding_position_offsets"]
                 width = int(offsets.shape[1])
                 if width == 1:
@@ -355,15 +366,27 @@ class _Run:
         if token != self.qkv.shape[0]:
             raise EmulationError(f"{self.qkv.shape[0]} tokens given, the requests account for {token}")
 
-    def _check_xqa_spec(self, seq_lens: list[int]) -> None:
+    def _check_xqa_spec(self, lengths: list[int]) -> None:
+        """AttentionOp::enqueueGeneration: spec decoding runs on an XQA kernel or aborts. Which
+        kernel, if any, follows the upstream routing (_emu/xqa.py, each rule cited there)."""
         f, x = self.f, self.x
-        window = _host(x["host_max_attention_window_sizes"])[f.layer_idx]
-        sinks = _host(x["host_sink_token_length"])[0]
-        max_past = max(_host(x["host_past_key_value_lengths"]))
-        ok = (sinks == 0 and f.head_size % 16 == 0 and 16 <= f.head_size <= 256 and f.mask_type == 1
-              and f.position_embedding_type in ROPE_TYPES and max_past + 1 <= window)
-        if not ok:
-            raise EmulationError("No available XQA kernels are found for speculative decoding mode.")
+        windows = _host(x["host_max_attention_window_sizes"])
+        step = SpecStep(
+            num_q_heads=f.num_heads, num_kv_heads=f.num_kv_heads, head_size=f.head_size, dtype=f.dtype,
+            kv_dtype=f.kv_dtype, paged=f.paged_kv_cache, tokens_per_block=f.tokens_per_block, mask_type=f.mask_type,
+            position_embedding_type=f.position_embedding_type, q_scaling=f.q_scaling,
+            sink_token_length=_host(x["host_sink_token_length"])[0], cross_attention=f.do_cross_attention,
+            # gptAttentionPlugin.cpp: cyclic window = this layer's, max window = the largest of all layers
+            cyclic_window_equals_max=windows[f.layer_idx] == max(windows), generation_length=max(lengths, default=1))
+        sm = emulated_sm()
+        kernel, why = spec_decoding_kernel(step, sm)
+        if kernel is None:
+            raise EmulationError(f"GPTAttention (layer {f.layer_idx}): No available XQA kernels are found for "
+                                 f"speculative decoding mode. [stand-in: {f.num_heads} q / {f.num_kv_heads} KV heads "
+                                 f"of size {f.head_size}, {f.dtype}, "
+                                 f"{'paged ' + str(f.tokens_per_block) if f.paged_kv_cache else 'contiguous'} KV, "
+                                 f"SM {sm}: {why}]")
+        self.xqa_kernel = kernel
 
     def _attend(self, cache, seq: int, token: int, n: int, past: int, positions: list[int],
                 allowed: torch.Tensor | None) -> None:
@@ -388,8 +411,16 @@ class _Run:
         else:
             visible[:, past:] = allowed
         scores = scores.masked_fill(~visible[None], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        context = torch.einsum("hnt,htd->nhd", probs, values).reshape(n, h * d)
+        if allowed is not None and numerics_mode() == "faithful":
+            # XQA (refAttention.cpp @ 18d5b389): x = exp(s - rowMax) in float32, rowSum from that
+            # x, x rounded to the input type for the P.V product, the product divided by rowSum.
+            x = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+            row_sum = x.sum(dim=-1, keepdim=True)  # [h, n, 1]
+            x = x.to(physical_dtype(f.dtype)).to(self.work)
+            context = (torch.einsum("hnt,htd->hnd", x, values) / row_sum).permute(1, 0, 2).reshape(n, h * d)
+        else:
+            probs = torch.softmax(scores, dim=-1)
+            context = torch.einsum("hnt,htd->nhd", probs, values).reshape(n, h * d)
         self.out[token: token + n] = context.to(self.out.dtype)
 
 

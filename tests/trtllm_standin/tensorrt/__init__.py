@@ -606,6 +606,28 @@ class IExecutionContext:
         self._shapes[name] = shape
         return True
 
+    def _check_named_dimensions(self) -> None:
+        """NvInfer.h (v10.14, 3b4ddc1d), ``ITensor::setDimensionName``: "Dimensions with the same
+        non-empty name must be equal at runtime." TensorRT-LLM names the dimensions of every
+        input (``Tensor(dim_range=OrderedDict(...))``, network.py ``_add_input``), so e.g. every
+        ``batch_size_beam_width`` must agree; a runner that sizes one input differently is refused."""
+        seen: dict[str, tuple[int, str]] = {}
+        for tid in self.engine._graph.inputs:
+            record = self.engine._graph.tensors[tid]
+            shape = self._shapes.get(record.name)
+            if shape is None:
+                continue
+            for index, dim_name in sorted(record.dim_names.items()):
+                if not dim_name or index >= len(shape):
+                    continue
+                value = shape[index]
+                if dim_name in seen and seen[dim_name][0] != value:
+                    raise EmulationError(
+                        f"IExecutionContext: dimension {dim_name!r} is {seen[dim_name][0]} in input "
+                        f"{seen[dim_name][1]!r} but {value} in input {record.name!r}; dimensions with the same "
+                        "name must be equal at runtime (NvInfer.h, ITensor::setDimensionName)")
+                seen.setdefault(dim_name, (value, record.name))
+
     def _infer(self) -> dict[int, tuple[int, ...]]:
         """Output shapes for the current input shapes (a pure function of them: cached)."""
         key = tuple(sorted(self._shapes.items()))
@@ -614,6 +636,7 @@ class IExecutionContext:
                        if self.engine._graph.tensors[t].name not in self._shapes]
             if missing:
                 raise EmulationError(f"input shapes not set: {missing}")
+            self._check_named_dimensions()
             if len(self._inferred) > 256:
                 self._inferred.clear()
             self._inferred[key] = self.engine._graph.infer_shapes(self._shapes)
@@ -647,5 +670,57 @@ class IExecutionContext:
                 raise EmulationError(f"no address set for {'input' if record.is_input else 'output'} {record.name!r}")
             shape = self._shapes[record.name] if record.is_input else shapes[tid]
             bound[tid] = device_memory.view(self._addresses[record.name], tuple(shape), physical_dtype(record.dtype))
+        _check_placement({graph.tensors[tid].name: t for tid, t in bound.items()})
         evaluate(graph, bound, shapes, seed=int(os.environ.get("TRTLLM_STANDIN_SCHEDULE_SEED", "0")))
         return True
+
+
+#: Inputs TensorRT-LLM's plugins read on the host (their ``host_*`` naming; the gpt attention
+#: plugin also reads ``spec_decoding_use`` there). TensorRT-LLM's runtime allocates them on the
+#: CPU (runtime/generation.py, e.g. ``host_past_key_value_lengths = torch.tensor(..., device='cpu')``).
+#: ``all_reduce_workspace`` (a table of IPC addresses) is neither and is checked by the all-reduce.
+_HOST_READ_EXTRA = ("spec_decoding_use",)
+_UNPLACED = ("all_reduce_workspace",)
+
+
+def _is_host_read(name: str) -> builtins.bool:
+    return name.startswith("host_") or name in _HOST_READ_EXTRA
+
+
+def _check_placement(views: dict[str, torch.Tensor]) -> None:
+    """Host/device placement of the bound memory. NvInferRuntime.h (v10.14), ``setTensorAddress``:
+    a kDEVICE tensor's pointer "must point to a device buffer"; TensorRT-LLM's plugins dereference
+    the ``host_*`` inputs on the CPU. One allocation cannot be both, and the KV pools the
+    attention kernels address through ``host_kv_cache_pool_pointers`` are device memory. On this
+    CPU-only emulated device both spaces are CPU memory, so what is checked is what can be told
+    apart: one allocation bound as host memory and as device memory in the same execution, a
+    pool pointer into host memory, a host input that is not a CPU tensor, and device I/O on more
+    than one device."""
+    roles: dict[int, tuple[str, str]] = {}
+    devices: dict[str, str] = {}
+    for name, view in views.items():
+        if name in _UNPLACED:
+            continue
+        owner = device_memory.find(view.data_ptr(), max(view.numel() * view.element_size(), 1))
+        start = owner.untyped_storage().data_ptr()
+        role = "host" if _is_host_read(name) else "device"
+        if role == "host" and owner.device.type != "cpu":
+            raise EmulationError(f"{name!r} is read on the host by TensorRT-LLM's plugins but is bound to "
+                                 f"{owner.device} memory")
+        if role == "device":
+            devices.setdefault(str(owner.device), name)
+        other = roles.setdefault(start, (role, name))
+        if other[0] != role:
+            raise EmulationError(
+                f"{name!r} ({role} memory) and {other[1]!r} ({other[0]} memory) are bound to the same allocation "
+                f"{start:#x}: a buffer is host or device memory, never both (NvInferRuntime.h, setTensorAddress)")
+    if len(devices) > 1:
+        raise EmulationError(f"device I/O bound on more than one device: {devices}")
+    pools = views.get("host_kv_cache_pool_pointers")
+    if pools is not None:
+        for address in (int(a) for a in pools.reshape(-1).tolist() if int(a)):
+            owner = device_memory.find(address, 1)
+            role = roles.get(owner.untyped_storage().data_ptr())
+            if role is not None and role[0] == "host":
+                raise EmulationError(f"host_kv_cache_pool_pointers holds {address:#x}, inside {role[1]!r} (host "
+                                     "memory): the attention kernels read the KV pool on the device")
