@@ -10,8 +10,7 @@ with one line saying what was found and what was expected.
     python scripts/verify_trtllm_checks.py headers TensorRT/include/NvInferVersion.h
     python scripts/verify_trtllm_checks.py libnvinfer
     python scripts/verify_trtllm_checks.py junit logs/trtllm.xml
-    python scripts/verify_trtllm_checks.py export-target OUT_DIR
-    python scripts/verify_trtllm_checks.py compare engine_run.json pytorch_run.json
+    python scripts/verify_trtllm_checks.py compare engine_run.json pytorch_run.json [--any-acceptance]
 """
 
 from __future__ import annotations
@@ -86,8 +85,10 @@ def junit(xml_text: str) -> tuple[int, list[tuple[str, str]], list[str]]:
     return len(cases), skipped, problems
 
 
-def compare(engine: dict, pytorch: dict) -> tuple[list[str], list[str]]:
-    """(report lines, problems) for run.py's --output_json of the engine and of the PyTorch runtime."""
+def compare(engine: dict, pytorch: dict, require_acceptance: bool = True) -> tuple[list[str], list[str]]:
+    """(report lines, problems) for run.py's --output_json of the engine and of the PyTorch runtime.
+    ``require_acceptance``: a trained drafter must get draft tokens accepted; the random engine
+    demo pair's drafter (demo_pair.py) only guesses, so there it is reported, not required."""
     a, b = engine["output_ids"], pytorch["output_ids"]
     tau_a = engine["stats"]["mean_acceptance_length"]
     tau_b = pytorch["stats"]["mean_acceptance_length"]
@@ -98,7 +99,7 @@ def compare(engine: dict, pytorch: dict) -> tuple[list[str], list[str]]:
     problems = []
     if not a:
         problems.append("the engine generated no token")
-    elif tau_a <= 1.0:
+    elif tau_a <= 1.0 and require_acceptance:
         problems.append(f"the engine accepted no draft token (tau {tau_a:.2f})")
     return lines, problems
 
@@ -156,26 +157,9 @@ def main(argv: list[str]) -> int:
         count, skipped, problems = junit(Path(args[0]).read_text())
         print(f"   {count} engine tests, {len(skipped)} skipped")
         return _finish(problems)
-    if name == "export-target":
-        from tensorrt_llm_dflash.target import load_target
-
-        out = Path(args[0])
-        if (out / "config.json").is_file():
-            print(f"   {out} already holds the exported target")
-            return 0
-        import shutil
-
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)  # a previous run killed half-way
-        model, tokenizer = load_target(None)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        tmp.replace(out)
-        print(f"   exported the embedded SmolLM2-135M-Instruct to {out}")
-        return 0
     if name == "compare":
         runs = [json.loads(Path(p).read_text())["outputs"][0] for p in args[:2]]
-        lines, problems = compare(*runs)
+        lines, problems = compare(*runs, require_acceptance="--any-acceptance" not in args[2:])
         for line in lines:
             print(f"   {line}")
         return _finish(problems)

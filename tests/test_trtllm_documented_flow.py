@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -57,34 +58,54 @@ def test_demo_pair_command_is_deterministic_and_refuses_a_used_directory(tmp_pat
     assert exc.value.code == 2 and "is not empty" in capsys.readouterr().err
 
 
+def readme_engine_commands(paths: dict[str, str]) -> dict[str, list[str]]:
+    """The README engine section's first command block, each command's arguments with the
+    placeholders (DEMO, CKPT, ENGINE, "...") replaced: what a user types, run here verbatim."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## TensorRT-LLM 1.2.1 engine flow"):]
+    block = section[section.index("```bash") + len("```bash"): section.index("```", section.index("```bash") + 7)]
+    commands = {}
+    for line in block.replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        for key in ("demo_pair", "convert_checkpoint.py", "trtllm-build", "run.py"):
+            if any(w.endswith(key) for w in words[:3]):
+                args = words[words.index(next(w for w in words if w.endswith(key))) + 1:]
+                commands[key] = [_place(a, paths) for a in args]
+    assert set(commands) == {"demo_pair", "convert_checkpoint.py", "trtllm-build", "run.py"}, commands
+    return commands
+
+
+def _place(arg: str, paths: dict[str, str]) -> str:
+    for name, value in paths.items():
+        if arg == name or arg.startswith(name + "/"):
+            return value + arg[len(name):]
+    return PROMPT if arg == "..." else arg
+
+
 def test_documented_flow_equals_the_pytorch_runtime(tmp_path):
     from tensorrt_llm_dflash.trtllm import demo_pair
 
     convert_checkpoint, run = _examples()
-    target_dir, drafter_dir = demo_pair.make_demo_pair(tmp_path / "demo")
-    assert convert_checkpoint.main(["--model_dir", str(target_dir), "--dflash_model_dir", str(drafter_dir),
-                                    "--output_dir", str(tmp_path / "ckpt"), "--dtype", "bfloat16",
-                                    "--no_progress"]) == 0
+    commands = readme_engine_commands({"DEMO": str(tmp_path / "demo"), "CKPT": str(tmp_path / "ckpt"),
+                                       "ENGINE": str(tmp_path / "engine")})
+    assert demo_pair.main(commands["demo_pair"]) == 0
+    target_dir, drafter_dir = tmp_path / "demo" / "target", tmp_path / "demo" / "drafter"
+    assert convert_checkpoint.main([*commands["convert_checkpoint.py"], "--no_progress"]) == 0
     with standin.active(tmp_path / "lib"):
         from tensorrt_llm_dflash.trtllm import build
 
-        # The README's trtllm-build line (TensorRT-LLM's defaults: paged KV, 32-token blocks),
-        # with room for the prompt.
-        assert build.main(["--checkpoint_dir", str(tmp_path / "ckpt"), "--output_dir", str(tmp_path / "engine"),
-                           "--speculative_decoding_mode", "dflash", "--max_draft_len", str(MAX_DRAFT_LEN),
-                           "--max_batch_size", "1", "--remove_input_padding", "enable",
-                           "--max_input_len", "128", "--max_seq_len", "256"]) == 0
+        assert build.main(commands["trtllm-build"]) == 0  # the README's line, TensorRT-LLM's other defaults
         config = json.loads((tmp_path / "engine" / "config.json").read_text())
         assert config["pretrained_config"]["architecture"] == "DFlashForCausalLM"
         assert config["pretrained_config"]["dtype"] == "bfloat16"
         assert config["build_config"]["plugin_config"]["paged_kv_cache"] is True  # TensorRT-LLM's default
+        assert config["build_config"]["plugin_config"]["tokens_per_block"] == 64
         for budget in (MAX_DRAFT_LEN, 0):
             engine_json, torch_json = tmp_path / f"engine_{budget}.json", tmp_path / f"torch_{budget}.json"
+            # The README's run.py line; the budget varied, fewer tokens (CPU time), on the CPU.
             common = ["--input_text", PROMPT, "--max_output_len", str(MAX_NEW), "--ddtree_budget", str(budget),
                       "--device", "cpu"]
-            assert run.main(["--engine_dir", str(tmp_path / "engine"), "--tokenizer_dir", str(target_dir),
-                             "--speculative_decoding_mode", "dflash", "--use_py_session",
-                             "--output_json", str(engine_json), *common]) == 0
+            assert run.main([*commands["run.py"], "--output_json", str(engine_json), *common]) == 0
             assert run.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
                              "--dtype", "float64", "--output_json", str(torch_json), *common]) == 0
             got = json.loads(engine_json.read_text())["outputs"][0]

