@@ -112,6 +112,32 @@ class GenerationResult:
     finish_reason: str  # "stop" or "length"
 
 
+class OutputStream:
+    """The tokens a generation committed, cut where AR decoding would stop (both runtimes' loops use it)."""
+
+    def __init__(self, max_new_tokens: int, stops: set[int], on_tokens: Callable[[list[int]], None] | None) -> None:
+        self.tokens: list[int] = []
+        self.max_new_tokens, self.stops, self.on_tokens = max_new_tokens, stops, on_tokens
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def emit(self, tokens: list[int]) -> bool:
+        """Append tokens up to a stop token or the length limit (streamed to ``on_tokens``); True when finished."""
+        for i, token in enumerate(tokens):
+            self.tokens.append(token)
+            if token in self.stops or len(self.tokens) >= self.max_new_tokens:
+                if self.on_tokens:
+                    self.on_tokens(tokens[: i + 1])
+                return True
+        if self.on_tokens:
+            self.on_tokens(tokens)
+        return False
+
+    def finish_reason(self) -> str:
+        return "stop" if self.tokens and self.tokens[-1] in self.stops else "length"
+
+
 class _Timer:
     def __init__(self, stats: GenerationStats, sync: Callable[[], None]) -> None:
         self.stats, self.sync = stats, sync
@@ -181,19 +207,8 @@ def speculative_generate(
     generator = make_generator(sampling, target.device)
     stats = GenerationStats()
     timer = _Timer(stats, target.synchronize)
-    output: list[int] = []
-
-    def emit(tokens: list[int]) -> bool:
-        """Append tokens up to a stop token or the length limit; True when finished."""
-        for i, token in enumerate(tokens):
-            output.append(token)
-            if token in stops or len(output) >= max_new_tokens:
-                if on_tokens:
-                    on_tokens(tokens[: i + 1])
-                return True
-        if on_tokens:
-            on_tokens(tokens)
-        return False
+    output = OutputStream(max_new_tokens, stops, on_tokens)
+    emit = output.emit
 
     t0 = time.perf_counter()
     if proposer is not None:
@@ -257,5 +272,4 @@ def speculative_generate(
         done = emit(new)
     stats.total_seconds = time.perf_counter() - t0
     stats.new_tokens = len(output)
-    finish = "stop" if output and output[-1] in stops else "length"
-    return GenerationResult(output_ids=output, stats=stats, finish_reason=finish)
+    return GenerationResult(output_ids=output.tokens, stats=stats, finish_reason=output.finish_reason())

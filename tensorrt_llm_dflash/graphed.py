@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .decode import STAGES, GenerationResult, GenerationStats, _single_prompt
+from .decode import STAGES, GenerationResult, GenerationStats, OutputStream, _single_prompt
 from .device_policy import POLICY_BUCKETS, DevicePolicy
 from .device_tree import (
     DeviceTree,
@@ -351,18 +351,8 @@ class GraphedDecoder:
         stops = {int(t) for t in stop_token_ids}
         stats = GenerationStats()
         stats.stage_seconds = dict.fromkeys(STAGES, 0.0)
-        output: list[int] = []
-
-        def emit(tokens: list[int]) -> bool:
-            for i, token in enumerate(tokens):
-                output.append(token)
-                if token in stops or len(output) >= max_new_tokens:
-                    if on_tokens:
-                        on_tokens(tokens[: i + 1])
-                    return True
-            if on_tokens:
-                on_tokens(tokens)
-            return False
+        output = OutputStream(max_new_tokens, stops, on_tokens)
+        emit = output.emit
 
         t0 = time.perf_counter()
         ids = torch.tensor([prompt] * self.batch, dtype=torch.long, device=self.device)
@@ -395,8 +385,7 @@ class GraphedDecoder:
         self.synchronize()
         stats.total_seconds = time.perf_counter() - t0
         stats.new_tokens = len(output)
-        finish = "stop" if output and output[-1] in stops else "length"
-        return GenerationResult(output_ids=output, stats=stats, finish_reason=finish)
+        return GenerationResult(output_ids=output.tokens, stats=stats, finish_reason=output.finish_reason())
 
     def _collect_stage_times(self) -> None:
         """Add the last graphed step's per-stage device times (its events are complete after the copy)."""
