@@ -133,7 +133,7 @@ class DFlashEngineTarget:
         spec_decoding_kernel(
             TargetAttention(int(self.pretrained["num_attention_heads"]), int(self.pretrained["num_key_value_heads"]),
                             int(self.pretrained["head_size"]), str(self.pretrained["dtype"]), tp),
-            paged=bool(plugin.get("paged_kv_cache")), tokens_per_block=int(plugin.get("tokens_per_block", 32)), sm=sm)
+            paged=self._has_paged_inputs(), tokens_per_block=int(plugin.get("tokens_per_block", 32)), sm=sm)
 
     # ------------------------------------------------------------------ buffers
     def _dtype(self, name: str) -> torch.dtype:
@@ -157,7 +157,7 @@ class DFlashEngineTarget:
         return CustomAllReduceHelper.allocate_workspace(trt_mapping, size)  # (IPC buffers, CPU int64 tensor)
 
     def _allocate(self) -> None:
-        self.paged = "kv_cache_block_offsets" in self.input_names
+        self.paged = self._has_paged_inputs()
         self.kv_cache: list[torch.Tensor] = []
         self.kv_pool: torch.Tensor | None = None
         self._paged_tensors: dict[str, torch.Tensor] = {}
@@ -295,7 +295,11 @@ class DFlashEngineTarget:
             use_gpt_attention_plugin=bool(plugin.get("gpt_attention_plugin")),
             use_gemm_plugin=bool(plugin.get("gemm_plugin")),
             remove_input_padding=bool(plugin.get("remove_input_padding")),
-            kv_cache_type=get_kv_cache_type_from_legacy(True, bool(plugin.get("paged_kv_cache"))))
+            kv_cache_type=get_kv_cache_type_from_legacy(True, self._has_paged_inputs()))
+
+    def _has_paged_inputs(self) -> bool:
+        """The engine's KV layout, read from its inputs (paged engines take the block tables)."""
+        return "kv_cache_block_offsets" in self.input_names
 
     def _select_profile(self, is_context: bool, num_tokens: int) -> int:
         """The profile a pass of ``num_tokens`` packed tokens runs on: by phase for context /
