@@ -25,9 +25,15 @@ the lexicographic (pre-order) walk of the kept nodes: subtree sizes bottom-up, t
 ``pre(child) = pre(parent) + 1 + sizes of its earlier siblings``, top-down.
 
 **Fixed shapes.** A tree of budget ``n`` always has ``n + 1`` columns. Columns past ``num_nodes`` are
-padding: token -1, parent 0 (the root), depth 0, score -inf, ``valid`` False; nothing sees a
-padding node and no walk accepts it. Depth limits (``max_depth``) and a reduced draft vocabulary
-(-inf log-probabilities) only make nodes invalid, never change a shape.
+padding: token -1, parent 0 (the root), depth 0, score -inf, ``valid`` False; a padding row sees
+only itself, nothing sees a padding node and no walk accepts it. Depth limits (``max_depth``) and a
+reduced draft vocabulary (-inf log-probabilities) only make nodes invalid (score -inf, sorted last),
+never change a shape.
+
+**Cost** (budget ``n``, ``K' = min(K, n)`` ranks, ``D`` depths, per row): per depth one stable sort of
+at most ``n * K'`` float64 keys and one sort of ``n`` int64 indices; then one stable sort of the at most
+``D * n`` kept nodes (their pre-order listing is a scatter). Visibility and the walk use pointer
+doubling: ``bit_length(D)`` rounds, not ``D``.
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ def build_ddtree_device(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_to
         width = parent_scores.shape[1]
         candidates = (parent_scores[:, :, None] + lp[:, d, None, :]).reshape(batch, width * k)
         keep = min(int(budget), width * k)
+        # Keys are -score. No score is -0.0 (path sums start from the root's +0.0, and +0.0 + -0.0 == +0.0),
+        # so a radix sort that orders -0.0 before +0.0 cannot split a tie of zero scores.
         order = torch.sort(-candidates, dim=1, stable=True).indices[:, :keep]  # ties keep lexicographic order
         chosen = torch.sort(order, dim=1).values  # back to lexicographic order (flat index = parent * k + rank)
         parent_pos, rank = chosen // k, chosen % k
@@ -122,7 +130,9 @@ def build_ddtree_device(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_to
         preorder.append(pre)
         parent_pre = pre
 
-    # All kept nodes, in pop order: score descending, then pre-order (two stable sorts).
+    # All kept nodes, in pop order: score descending, then pre-order. The kept nodes of all depths form one
+    # prefix-closed tree under the root, so their pre-order numbers are exactly 1..total: listing them in
+    # pre-order is a scatter (the inverse permutation), and one stable sort by score finishes the order.
     offsets = [0]
     for parent_pos, _, _ in levels:
         offsets.append(offsets[-1] + parent_pos.shape[1])
@@ -132,11 +142,12 @@ def build_ddtree_device(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_to
     # A kept node's parent as an index into the concatenation; -1 for children of the root.
     all_parents = torch.cat([level[0] + offsets[d - 1] if d else torch.full_like(level[0], -1)
                              for d, level in enumerate(levels)], dim=1)
-    by_pre = torch.sort(torch.cat(preorder, dim=1), dim=1, stable=True).indices
+    total = all_scores.shape[1]
+    kept_index = torch.arange(total, device=device).expand(batch, -1)
+    by_pre = torch.empty_like(kept_index).scatter_(1, torch.cat(preorder, dim=1) - 1, kept_index)
     by_score = torch.sort(-all_scores.gather(1, by_pre), dim=1, stable=True).indices
     pop = by_pre.gather(1, by_score)[:, : size - 1]  # the budget best kept nodes, in pop order
 
-    total = all_scores.shape[1]
     new_index = torch.zeros(batch, total, dtype=torch.long, device=device).scatter_(
         1, pop, torch.arange(1, size, device=device).expand(batch, -1))  # node index in the tree (root = 0)
     scores = all_scores.gather(1, pop)
@@ -158,7 +169,8 @@ def build_ddtree_device(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_to
 def build_chain_device(root: torch.Tensor, draft_tokens: torch.Tensor, max_depth: torch.Tensor | None = None,
                        size: int | None = None) -> DeviceTree:
     """The DFlash chain: the root and the drafter's top-1 token per depth (``draft_tokens`` [B, D]), padded to
-    ``size`` columns (default D + 1); nodes deeper than ``max_depth`` [B] are padding."""
+    ``size`` columns (default D + 1); nodes deeper than ``max_depth`` [B] are padding. Real nodes score 0.0:
+    the chain carries no log-probabilities."""
     batch, depth_limit = draft_tokens.shape
     size = depth_limit + 1 if size is None else int(size)
     device = root.device
@@ -200,21 +212,28 @@ def pad_tree(tree: DeviceTree, size: int) -> DeviceTree:
     )
 
 
+def _jump_rounds(longest_path: int) -> int:
+    """Pointer-doubling rounds after which every jump table covers ``longest_path`` steps up (2^r > it)."""
+    return max(int(longest_path), 0).bit_length()
+
+
 def visibility_device(tree: DeviceTree, max_depth: int | None = None) -> torch.Tensor:
     """Ancestor-or-self mask, bool [B, N, N]: ``vis[b, i, j]`` iff j is i or an ancestor of i.
 
-    ``max_depth`` (static; default N - 1) bounds the rounds: after r rounds every node of depth <= r
-    sees its whole path. Padding nodes hang off the root: they see it and themselves, nobody sees them.
+    Padding rows see only themselves (a non-empty attention row) and no row sees a padding column.
+    ``max_depth`` (static; default N - 1) bounds the depth of real nodes; the mask is built by pointer
+    doubling in ``bit_length(max_depth)`` rounds of one row gather each (4 rounds for a 16-token block),
+    not one round per depth: after round r a row holds the 2^r nearest nodes of its root path.
     """
     batch, n = tree.parents.shape
-    rounds = n - 1 if max_depth is None else min(int(max_depth), n - 1)
-    eye = torch.eye(n, dtype=torch.bool, device=tree.parents.device)[None].expand(batch, -1, -1)
-    parent_rows = tree.parents.clamp(min=0)[:, :, None].expand(-1, -1, n)
-    is_root = (tree.parents < 0)[:, :, None]
-    vis = eye
-    for _ in range(rounds):
-        vis = eye | (~is_root & vis.gather(1, parent_rows))
-    return vis
+    longest = n - 1 if max_depth is None else min(int(max_depth), n - 1)
+    jump = tree.parents.clamp(min=0)  # the root jumps to itself, so a saturated jump adds nothing new
+    vis = torch.eye(n, dtype=torch.bool, device=tree.parents.device)[None].expand(batch, -1, -1)
+    for _ in range(_jump_rounds(longest)):
+        vis = vis | vis.gather(1, jump[:, :, None].expand(-1, -1, n))
+        jump = jump.gather(1, jump)
+    eye = torch.eye(n, dtype=torch.bool, device=tree.parents.device)[None]
+    return eye | (vis & tree.valid[:, :, None])
 
 
 def walk_device(tree: DeviceTree, choices: torch.Tensor, max_path: int) -> tuple[torch.Tensor, torch.Tensor,
@@ -223,31 +242,39 @@ def walk_device(tree: DeviceTree, choices: torch.Tensor, max_path: int) -> tuple
 
     Returns ``path`` int64 [B, max_path] (accepted nodes in depth order, padded by repeating the last
     one), ``length`` int64 [B] (root included) and ``bonus`` int64 [B] (the target's choice at the last
-    accepted node). ``max_path`` (static) must exceed the deepest node a tree can accept.
+    accepted node). ``max_path`` (static) must exceed the deepest node a tree can hold (D + 1 for a
+    block of D draft tokens); a deeper accepted path would be cut at ``max_path`` nodes.
+
+    A node is accepted iff every node on its path below the root matches the target's choice at its
+    parent; that AND over the path is taken by pointer doubling in ``bit_length(max_path - 1)`` rounds.
     """
     batch, n = tree.tokens.shape
+    device = tree.tokens.device
     parents = tree.parents.clamp(min=0)
     is_root = tree.parents < 0
     matched = tree.valid & ~is_root & (tree.tokens == choices.gather(1, parents))
     # Best-first trees never repeat a token among siblings; should one, the first child wins (tree.walk's rule).
-    earlier = torch.ones(n, n, dtype=torch.bool, device=tree.tokens.device).tril(-1)[None]
+    earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1)[None]
     same = (tree.parents[:, :, None] == tree.parents[:, None, :]) & (tree.tokens[:, :, None] == tree.tokens[:, None, :])
     matched = matched & ~(same & earlier & tree.valid[:, None, :]).any(-1)
-    accepted = is_root.clone()
-    for _ in range(min(max_path - 1, n - 1)):  # depth d is settled after d rounds
-        accepted = is_root | (matched & accepted.gather(1, parents))
+    accepted = matched | is_root  # after round r: the 2^r nearest nodes of the path all match
+    jump = parents
+    for _ in range(_jump_rounds(min(max_path - 1, n - 1))):
+        accepted = accepted & accepted.gather(1, jump)
+        jump = jump.gather(1, jump)
+    accepted = accepted & (tree.depths < max_path)  # a path never outgrows its static width
     length = accepted.sum(1)
     slot = torch.where(accepted, tree.depths, max_path).clamp(max=max_path)  # rejected nodes go to a spare column
-    nodes = torch.arange(n, device=tree.tokens.device)[None].expand(batch, -1)
-    path = torch.zeros(batch, max_path + 1, dtype=torch.long, device=tree.tokens.device)
+    nodes = torch.arange(n, device=device)[None].expand(batch, -1)
+    path = torch.zeros(batch, max_path + 1, dtype=torch.long, device=device)
     path = path.scatter(1, slot, nodes)[:, :max_path]
     last = path.gather(1, (length - 1)[:, None])
-    path = torch.where(torch.arange(max_path, device=path.device)[None] < length[:, None], path, last)
+    path = torch.where(torch.arange(max_path, device=device)[None] < length[:, None], path, last)
     return path, length, choices.gather(1, last)[:, 0]
 
 
-def to_draft_tree(tree: DeviceTree, row: int = 0) -> DraftTree:
-    """Row ``row`` as a host ``tree.DraftTree`` (tests and debugging; reads the device)."""
-    count = int(tree.num_nodes[row])
-    return _finish(tree.tokens[row, :count].tolist(), tree.parents[row, :count].tolist(),
-                   tree.depths[row, :count].tolist())
+def to_draft_tree(tree: DeviceTree, b: int = 0) -> DraftTree:
+    """Row ``b`` as a host ``tree.DraftTree`` (tests and debugging only: it reads the device)."""
+    count = int(tree.num_nodes[b])
+    return _finish(tree.tokens[b, :count].tolist(), tree.parents[b, :count].tolist(),
+                   tree.depths[b, :count].tolist())
