@@ -15,7 +15,11 @@ while the rank tuple strictly increases (a prefix sorts before its extensions). 
 sorted key order, and the tree of budget ``n`` is the ``n`` smallest keys. That set is prefix-closed,
 and a node's rank under its parent is below ``n``. Let ``kept_1`` be the ``n`` best depth-1 tuples and
 ``kept_d`` the ``n`` best among ``kept_{d-1} x ranks``: by induction each depth's share of the top-n
-lies in ``kept_d``, so the ``n`` best of all kept nodes are exactly the tree.
+lies in ``kept_d`` (a top-n node has fewer than ``n`` smaller keys, so fewer than ``n`` candidates of
+its depth beat it), so the ``n`` best of all kept nodes are exactly the tree. The code uses the
+sharper static bounds the same counting gives: a top-n node at depth ``t`` follows its ``t - 1``
+ancestors, so its rank is below ``n - t + 1``, its depth holds at most ``n - t + 1`` top-n nodes, and
+depths beyond ``n`` hold none.
 
 **Tie rule** (the same as the heap's): score descending, then rank tuple ascending,
 lexicographically, a prefix before its extensions. Inside a depth, kept nodes are stored in
@@ -30,8 +34,8 @@ only itself, nothing sees a padding node and no walk accepts it. Depth limits (`
 reduced draft vocabulary (-inf log-probabilities) only make nodes invalid (score -inf, sorted last),
 never change a shape.
 
-**Cost** (budget ``n``, ``K' = min(K, n)`` ranks, ``D`` depths, per row): per depth one stable sort of
-at most ``n * K'`` float64 keys and one sort of ``n`` int64 indices; then one stable sort of the at most
+**Cost** (budget ``n``, ``K' = min(K, n)`` ranks, ``min(D, n)`` depths, per row): per depth one stable
+sort of at most ``n * K'`` float64 keys and one sort of ``n`` int64 indices; then one stable sort of the at most
 ``D * n`` kept nodes (their pre-order listing is a scatter). Visibility and the walk use pointer
 doubling: ``bit_length(D)`` rounds, not ``D``.
 """
@@ -92,26 +96,32 @@ def build_ddtree_device(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_to
     if budget <= 0 or depth_limit == 0 or k == 0:
         return _root_only(root, size)
     device = root.device
-    k = min(k, int(budget))  # a node of the top-n has rank < n under its parent
-    lp = topk_logprobs[:, :, :k].to(torch.float64)
-    tok = topk_tokens[:, :, :k]
+    # Static bounds from the top-n's prefix closure. A node at depth t = d + 1 comes after its t - 1 ancestors
+    # and its earlier siblings, so its rank is below n - d, and at most n - d nodes of the top-n lie at depth t;
+    # depths beyond n hold none. They trim the ranks, the kept nodes and the depth loop, never the result.
+    budget = int(budget)
+    k = min(k, budget)
+    depths_used = min(depth_limit, budget)
+    lp = topk_logprobs[:, :depths_used, :k].to(torch.float64)
+    tok = topk_tokens[:, :depths_used, :k]
     usable = torch.isfinite(lp)
     if max_depth is not None:
-        usable = usable & (torch.arange(1, depth_limit + 1, device=device)[None, :, None] <= max_depth[:, None, None])
+        usable = usable & (torch.arange(1, depths_used + 1, device=device)[None, :, None] <= max_depth[:, None, None])
     lp = torch.where(usable, lp, float("-inf"))
 
-    # Per depth, the n best children of the previous depth's kept nodes, stored in lexicographic order.
+    # Per depth, the best children of the previous depth's kept nodes, stored in lexicographic order.
     parent_scores = torch.zeros(batch, 1, dtype=torch.float64, device=device)  # depth 0: the root
     levels = []  # per depth: (parent position in the previous level, token, score)
-    for d in range(depth_limit):
+    for d in range(depths_used):
         width = parent_scores.shape[1]
-        candidates = (parent_scores[:, :, None] + lp[:, d, None, :]).reshape(batch, width * k)
-        keep = min(int(budget), width * k)
+        ranks = min(k, budget - d)
+        candidates = (parent_scores[:, :, None] + lp[:, d, None, :ranks]).reshape(batch, width * ranks)
+        keep = min(budget - d, width * ranks)
         # Keys are -score. No score is -0.0 (path sums start from the root's +0.0, and +0.0 + -0.0 == +0.0),
         # so a radix sort that orders -0.0 before +0.0 cannot split a tie of zero scores.
         order = torch.sort(-candidates, dim=1, stable=True).indices[:, :keep]  # ties keep lexicographic order
-        chosen = torch.sort(order, dim=1).values  # back to lexicographic order (flat index = parent * k + rank)
-        parent_pos, rank = chosen // k, chosen % k
+        chosen = torch.sort(order, dim=1).values  # back to lexicographic order (flat index = parent * ranks + rank)
+        parent_pos, rank = chosen // ranks, chosen % ranks
         scores = candidates.gather(1, chosen)
         tokens = tok[:, d].gather(1, rank)
         levels.append((parent_pos, tokens, scores))
