@@ -551,7 +551,8 @@ def _describe_graphed(method: Method) -> str:
     what = {"ar-graph": "AR", "dflash-graph": "the DFlash chain",
             "ddtree-graph": f"DDTree with {method.param} draft nodes",
             "auto-graph": "the cost-aware DDTree on the device (device_policy: one graph per tree size, the next "
-                          "size chosen from each step's calibrated values, no lookup branches)"}[method.kind]
+                          "size chosen from each step's calibrated values, prompt-lookup branches grafted on the "
+                          "device)"}[method.kind]
     return f"{what} in the graph-ready runtime (static state; CUDA graphs on CUDA, eager on CPU)"
 
 

@@ -4,10 +4,13 @@ The eager runtime's policy (:mod:`.policy`) ranks candidate nodes by calibrated 
 and picks the tree size that maximises expected tokens per second. Under CUDA graphs the tree size is
 the graph, and it must be chosen *before* the launch, without reading the device. So each step:
 
-1. **pool**: the DDTree of the drafter's marginals, ``pool_nodes`` draft nodes (``device_tree``);
-2. **calibrate**: each node's conditional acceptance ``c = table[depth - 1, bin(marginal)]``, a device
-   table learned online from what the target chose (below); the path value ``v = prod c`` along the
-   path, computed depth by depth so that ``v(child) <= v(parent)`` exactly in floating point;
+1. **pool**: the DDTree of the drafter's marginals, ``pool_nodes`` draft nodes (``device_tree``), with
+   prompt-lookup branches grafted under the root (``device_lookup``), as the eager policy grafts them;
+2. **calibrate**: each drafter node's conditional acceptance ``c = table[depth - 1, bin(marginal)]``,
+   each lookup node's ``lookup_table[offset, bin(n-gram length)]`` (a node both propose keeps the
+   larger), device tables learned online from what the target chose (below); the path value
+   ``v = prod c`` along the path, computed depth by depth so that ``v(child) <= v(parent)`` exactly
+   in floating point;
 3. **verify set**: the ``n - 1`` best nodes by ``v`` (ties: parent first), where ``n`` is this
    graph's size; values never increase from parent to child, so the set is prefix-closed (a tree);
 4. **next size**: for every size ``b`` it could capture, ``(1 + sum of the b - 1 best values) /
@@ -15,8 +18,9 @@ the graph, and it must be chosen *before* the launch, without reading the device
    written into the step's output, which the host copies anyway (the one copy per step), and the
    host launches that size's graph next. The choice lags one step behind the values it is made from;
    consecutive steps' acceptance is strongly correlated, and the lag costs no sync;
-5. **learn**: every verified draft node is labelled by the target's choice at its parent (was it
-   the token the target picked?); the counts per (depth, marginal bin) decay by ``decay`` per step.
+5. **learn**: every verified node is labelled by the target's choice at its parent (was it the token
+   the target picked?); the counts per (depth, marginal bin), and per (offset, n-gram bin) for lookup
+   nodes, decay by ``decay`` per step.
    The table is ``(hits + s * prior) / (trials + s)`` made non-decreasing in the marginal by a running
    maximum (the eager calibrator uses pool-adjacent-violators, which is sequential).
 
@@ -30,8 +34,9 @@ from collections.abc import Sequence
 
 import torch
 
+from .device_lookup import DeviceBranches, Grafted
 from .device_tree import DeviceTree
-from .policy import DRAFT_EDGES
+from .policy import DRAFT_EDGES, LOOKUP_EDGES
 
 #: Tree sizes (root included) the policy may choose between: one CUDA graph each.
 POLICY_BUCKETS = (2, 4, 8, 16, 32, 64)
@@ -40,8 +45,8 @@ POLICY_BUCKETS = (2, 4, 8, 16, 32, 64)
 class DevicePolicy:
     """State and tensor functions of the on-device cost-aware tree (see the module docstring)."""
 
-    def __init__(self, depth_rows: int, buckets: Sequence[int], device: torch.device, *, strength: float = 4.0,
-                 decay: float = 0.995) -> None:
+    def __init__(self, depth_rows: int, buckets: Sequence[int], device: torch.device, *, lookup_rows: int = 0,
+                 strength: float = 4.0, decay: float = 0.995) -> None:
         self.buckets = tuple(sorted(int(b) for b in buckets))
         if not self.buckets or self.buckets[0] < 2:
             raise ValueError(f"policy buckets {buckets} must be sizes >= 2 (root included)")
@@ -55,6 +60,15 @@ class DevicePolicy:
         self.hits = torch.zeros(self.rows, len(DRAFT_EDGES) - 1, dtype=torch.float64, device=device)
         self.trials = torch.zeros_like(self.hits)
         self.table = self.prior.clone()
+        # Lookup branches: one row per offset along the branch, one bin per n-gram length (1, 2, 3, 4+),
+        # a flat prior of 0.5 (the eager lookup calibrator's).
+        self.lookup_rows = max(int(lookup_rows), 1)
+        self.lookup_edges = torch.tensor(LOOKUP_EDGES[1:-1], dtype=torch.float64, device=device)
+        self.lookup_prior = torch.full((self.lookup_rows, len(LOOKUP_EDGES) - 1), 0.5, dtype=torch.float64,
+                                       device=device)
+        self.lookup_hits = torch.zeros_like(self.lookup_prior)
+        self.lookup_trials = torch.zeros_like(self.lookup_prior)
+        self.lookup_table = self.lookup_prior.clone()
         #: Seconds of one graphed step per bucket (measured after capture); the policy's denominator.
         self.costs = torch.ones(len(self.buckets), dtype=torch.float64, device=device)
         self._sizes = torch.tensor(self.buckets, dtype=torch.long, device=device)
@@ -63,33 +77,53 @@ class DevicePolicy:
         self.hits.zero_()
         self.trials.zero_()
         self.table.copy_(self.prior)
+        self.lookup_hits.zero_()
+        self.lookup_trials.zero_()
+        self.lookup_table.copy_(self.lookup_prior)
 
     def set_costs(self, seconds: Sequence[float]) -> None:
         self.costs.copy_(torch.tensor([float(s) for s in seconds], dtype=torch.float64))
 
-    def _conditional(self, tree: DeviceTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(rows, bins, conditional acceptance) per node; root and padding get conditional 1 and 0."""
+    def _draft_bins(self, tree: DeviceTree) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, bins, is a drafter node) per node; the marginal is exp(score - parent's score)."""
         parent_score = tree.scores.gather(1, tree.parents.clamp(min=0))
         marginal = torch.exp(tree.scores - parent_score).nan_to_num(0.0)  # exp(-inf - x) = 0 for padding
         rows = (tree.depths - 1).clamp(0, self.rows - 1)
         bins = torch.bucketize(marginal, self.edges, right=True)
-        cond = self.table[rows, bins].clamp(0.0, 1.0)
-        is_root = tree.parents < 0
-        cond = torch.where(is_root, torch.ones_like(cond), torch.where(tree.valid, cond, torch.zeros_like(cond)))
-        return rows, bins, cond
+        drafted = tree.valid & (tree.parents >= 0) & torch.isfinite(tree.scores)  # lookup-only nodes score -inf
+        return rows, bins, drafted
 
-    def path_values(self, tree: DeviceTree, max_depth: int) -> torch.Tensor:
+    def draft_conditional(self, tree: DeviceTree) -> torch.Tensor:
+        """Conditional acceptance per node of a drafter pool: the root 1, padding 0."""
+        rows, bins, drafted = self._draft_bins(tree)
+        cond = self.table[rows, bins].clamp(0.0, 1.0)
+        return torch.where(tree.parents < 0, torch.ones_like(cond), torch.where(drafted, cond, torch.zeros_like(cond)))
+
+    def _lookup_bins(self, depths: torch.Tensor, ngram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = (depths - 1).clamp(0, self.lookup_rows - 1)
+        bins = torch.bucketize(ngram.to(torch.float64), self.lookup_edges, right=True)
+        return rows, bins.expand_as(rows)
+
+    def lookup_conditional(self, branches: DeviceBranches) -> torch.Tensor:
+        """Conditional acceptance [B, R, T] of every branch token, from its offset and the match's n-gram length."""
+        width = branches.tokens.shape[2]
+        offsets = torch.arange(1, width + 1, device=branches.tokens.device).expand_as(branches.tokens)
+        rows, bins = self._lookup_bins(offsets, branches.ngram[:, None, None])
+        return torch.where(branches.tokens >= 0, self.lookup_table[rows, bins].clamp(0.0, 1.0), 0.0)
+
+    def path_values(self, candidates: Grafted, max_depth: int) -> torch.Tensor:
         """P(path root..i accepted) per node: the product of the conditionals, one depth at a time."""
-        _, _, cond = self._conditional(tree)
-        log_c = torch.log(cond)  # 0 for the root, -inf for padding
+        tree = candidates.tree
+        log_c = torch.log(torch.where(tree.valid, candidates.cond, 0.0))  # 0 for the root, -inf for padding
         log_v = log_c.clone()
         parents = tree.parents.clamp(min=0)
         for _ in range(max_depth):  # after d rounds every node of depth <= d holds its path sum
             log_v = torch.where(tree.parents < 0, log_c, log_c + log_v.gather(1, parents))
         return torch.exp(log_v)
 
-    def select(self, tree: DeviceTree, values: torch.Tensor, size: int) -> DeviceTree:
+    def select(self, candidates: Grafted, values: torch.Tensor, size: int) -> Grafted:
         """The ``size`` best nodes by value (root first, ties parent-first), as a tree in parent-first order."""
+        tree = candidates.tree
         order = torch.sort(-values, dim=1, stable=True).indices[:, :size]  # root has value 1: always first
         kept = torch.sort(order, dim=1).values  # ascending pool index: parents before children
         new_index = torch.full_like(tree.parents, -1).scatter_(
@@ -99,8 +133,10 @@ class DevicePolicy:
         valid = tree.valid.gather(1, kept) & (values.gather(1, kept) > 0)
         tokens = torch.where(valid, tree.tokens.gather(1, kept), torch.full_like(kept, -1))
         parents = torch.where(valid | (parents < 0), parents, torch.zeros_like(parents))
-        return DeviceTree(tokens=tokens, parents=parents, depths=torch.where(valid, tree.depths.gather(1, kept), 0),
-                          valid=valid, num_nodes=valid.sum(1), scores=tree.scores.gather(1, kept))
+        chosen = DeviceTree(tokens=tokens, parents=parents, depths=torch.where(valid, tree.depths.gather(1, kept), 0),
+                            valid=valid, num_nodes=valid.sum(1), scores=tree.scores.gather(1, kept))
+        return Grafted(tree=chosen, cond=candidates.cond.gather(1, kept),
+                       on_branch=candidates.on_branch.gather(1, kept) & valid)
 
     def next_bucket(self, values: torch.Tensor) -> torch.Tensor:
         """Index into ``buckets`` of the size that maximises expected tokens per second, per row [B]."""
@@ -109,15 +145,25 @@ class DevicePolicy:
         tokens = expected[:, self._sizes - 1]  # a size b verifies b - 1 draft nodes
         return torch.argmax(tokens / self.costs[None], dim=1)
 
-    def learn(self, tree: DeviceTree, choices: torch.Tensor) -> None:
-        """Label every verified draft node by the target's choice at its parent; update the table."""
-        rows, bins, _ = self._conditional(tree)
-        drafted = tree.valid & (tree.parents >= 0)
-        accepted = (tree.tokens == choices.gather(1, tree.parents.clamp(min=0))) & drafted
-        flat = (rows * self.hits.shape[1] + bins).reshape(-1)
-        self.hits.mul_(self.decay)
-        self.trials.mul_(self.decay)
-        self.hits.view(-1).scatter_add_(0, flat, accepted.reshape(-1).to(self.hits.dtype))
-        self.trials.view(-1).scatter_add_(0, flat, drafted.reshape(-1).to(self.trials.dtype))
-        raw = (self.hits + self.strength * self.prior) / (self.trials + self.strength)
-        self.table.copy_(torch.cummax(raw, dim=1).values)
+    def learn(self, verified: Grafted, choices: torch.Tensor, ngram: torch.Tensor | None = None) -> None:
+        """Label every verified node by the target's choice at its parent; update the tables (drafter nodes
+        by depth and marginal, lookup nodes by offset and the step's n-gram length ``ngram`` [B])."""
+        tree = verified.tree
+        accepted = tree.tokens == choices.gather(1, tree.parents.clamp(min=0))
+        rows, bins, drafted = self._draft_bins(tree)
+        self._update(self.hits, self.trials, self.prior, self.table, rows, bins, accepted & drafted, drafted)
+        if ngram is not None:
+            looked = verified.on_branch & tree.valid & (tree.parents >= 0)
+            rows, bins = self._lookup_bins(tree.depths, ngram[:, None])
+            self._update(self.lookup_hits, self.lookup_trials, self.lookup_prior, self.lookup_table, rows, bins,
+                         accepted & looked, looked)
+
+    def _update(self, hits: torch.Tensor, trials: torch.Tensor, prior: torch.Tensor, table: torch.Tensor,
+                rows: torch.Tensor, bins: torch.Tensor, accepted: torch.Tensor, offered: torch.Tensor) -> None:
+        flat = (rows * hits.shape[1] + bins).reshape(-1)
+        hits.mul_(self.decay)
+        trials.mul_(self.decay)
+        hits.view(-1).scatter_add_(0, flat, accepted.reshape(-1).to(hits.dtype))
+        trials.view(-1).scatter_add_(0, flat, offered.reshape(-1).to(trials.dtype))
+        raw = (hits + self.strength * prior) / (trials + self.strength)
+        table.copy_(torch.cummax(raw, dim=1).values)  # a better score (marginal, longer match) never rates lower

@@ -5,8 +5,9 @@ or 1 for plain AR), in four stages, each captured as its own CUDA graph per size
 same functions run eagerly: one implementation):
 
     draft       the drafter's block after the root                  -> logits [B, D, Vd]
-    tree_build  chain (top-1 per depth) or DDTree (best-first, on the device, device_tree.py)
-                                                                     -> tokens, depths, parents, visibility
+    tree_build  chain (top-1 per depth) or DDTree (best-first, on the device, device_tree.py); the
+                cost-aware tree also grafts prompt-lookup branches found in a static token
+                history (device_lookup.py)                           -> tokens, depths, parents, visibility
     verify      the target over the tree, ancestor-only mask         -> the target's choice at every node
     commit      walk from the root (on the device), KV compaction, drafter context, next root
 
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from .decode import STAGES, GenerationResult, GenerationStats, OutputStream, _single_prompt
+from .device_lookup import Grafted, graft_device, lookup_device
 from .device_policy import POLICY_BUCKETS, DevicePolicy
 from .device_tree import (
     DeviceTree,
@@ -42,6 +44,7 @@ from .device_tree import (
 )
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
+from .policy import PolicyConfig
 from .sampling import SamplingParams, processed_probs
 from .static_state import StaticDrafter, StaticTarget
 from .target import check_prompt_fits
@@ -79,7 +82,8 @@ class GraphedDecoder:
 
     ``budget`` 0 is the DFlash chain, B >= 1 a DDTree of B nodes, None the cost-aware tree on the
     device (:mod:`.device_policy`: one graph per size in ``policy_buckets``, its step costs measured
-    after capture unless ``policy_costs`` gives them); without a drafter every step is one token
+    after capture unless ``policy_costs`` gives them; with ``lookup``, prompt-lookup branches as the
+    eager default grafts them, :class:`~.policy.PolicyConfig`'s lengths); without a drafter every step is one token
     (the graphed AR baseline). ``drafter`` is a :class:`DFlashDraftModel` (run by
     :class:`StaticDrafter`), or any object whose ``static_proposer(model, capacity, batch)``
     returns one of the same interface (``block_size``, ``draft_ids``, ``target_layer_ids``,
@@ -89,8 +93,10 @@ class GraphedDecoder:
 
     def __init__(self, target_model: Any, drafter: Any | None = None, *, budget: int | None = 0,
                  use_graphs: bool | None = None, batch: int = 1, capacity: int = CAPACITY_STEP,
-                 policy_buckets: Sequence[int] = POLICY_BUCKETS, policy_costs: Sequence[float] | None = None) -> None:
+                 policy_buckets: Sequence[int] = POLICY_BUCKETS, policy_costs: Sequence[float] | None = None,
+                 lookup: bool = True) -> None:
         self.model = target_model
+        self.lookup_config = PolicyConfig(lookup=bool(lookup))
         self.drafter_model = drafter
         self.budget = None if budget is None else validate_budget(budget)
         self.policy_buckets = tuple(policy_buckets)
@@ -121,16 +127,22 @@ class GraphedDecoder:
         b, dev = self.batch, self.device
         self.policy: DevicePolicy | None = None
         if self.budget is None and self.proposer is not None:
-            self.policy = DevicePolicy(self.proposer.block_size - 1, self.policy_buckets, dev)
+            self.policy = DevicePolicy(self.proposer.block_size - 1, self.policy_buckets, dev,
+                                       lookup_rows=self.lookup_config.lookup_tokens)
             if self.nodes not in self.policy.buckets:
                 self.nodes = self.policy.buckets[len(self.policy.buckets) // 2]
+        self.lookup = self.policy is not None and self.lookup_config.lookup
+        #: Prompt and committed tokens (the root last, at ``past``), what lookup searches; one spare column
+        #: takes the writes of a step's unused slots.
+        self.history = torch.zeros(b, capacity + 1, dtype=torch.long, device=dev)
         self.past = torch.zeros(b, dtype=torch.long, device=dev)
         self.root = torch.zeros(b, dtype=torch.long, device=dev)
         self.max_depth = torch.zeros(b, dtype=torch.long, device=dev)
         largest = self.policy.buckets[-1] if self.policy is not None else self.nodes
         self.uniforms = torch.zeros(b, largest, dtype=torch.float64, device=dev)
-        #: What the host copies once per step: [count, committed tokens (padded), next tree size's index].
-        self.out = torch.zeros(b, 2 + self.path_width, dtype=torch.long, device=dev)
+        #: What the host copies once per step: [count, committed tokens (padded), next tree size's index,
+        #: committed tokens that only a lookup branch proposed].
+        self.out = torch.zeros(b, 3 + self.path_width, dtype=torch.long, device=dev)
         self._costs_measured = False
         self._events: list[Any] = []
         self._pending_timing: tuple[list[str], dict[str, float]] | None = None
@@ -162,9 +174,20 @@ class GraphedDecoder:
                 values, index = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
                 tokens = index if ids is None else ids[index]
                 pool = build_ddtree_device(self.root, values, tokens, pool_nodes, self.max_depth)
-                path_values = self.policy.path_values(pool, logits.shape[1])
-                tree = self.policy.select(pool, path_values, self.nodes)
-                extra = {"next_bucket": self.policy.next_bucket(path_values)}
+                candidates = Grafted(pool, self.policy.draft_conditional(pool), torch.zeros_like(pool.valid))
+                depth = logits.shape[1]
+                if self.lookup:
+                    config = self.lookup_config
+                    branches = lookup_device(self.history, self.past + 1, config.lookup_tokens, self.max_depth,
+                                             config.max_ngram, max_branches=config.lookup_branches)
+                    candidates = graft_device(pool, candidates.cond, branches, self.policy.lookup_conditional(branches))
+                    extra["ngram"] = branches.ngram
+                    depth = max(depth, config.lookup_tokens)
+                path_values = self.policy.path_values(candidates, depth)
+                chosen = self.policy.select(candidates, path_values, self.nodes)
+                tree = chosen.tree
+                extra.update(next_bucket=self.policy.next_bucket(path_values), cond=chosen.cond,
+                             on_branch=chosen.on_branch)
             elif self.budget == 0:
                 top1 = logits.argmax(-1)
                 tokens = top1 if ids is None else ids[top1]
@@ -208,9 +231,19 @@ class GraphedDecoder:
         shifted = torch.cat([accepted, bonus[:, None]], dim=1)  # [B, P]
         committed = torch.where(slot == (length - 1)[:, None], bonus[:, None], shifted)
         next_bucket = live.get("next_bucket", torch.zeros_like(length))
-        self.out.copy_(torch.cat([length[:, None], committed, next_bucket[:, None]], dim=1))
+        in_path = (slot > 0) & (slot < length[:, None])  # the accepted draft nodes
+        if "on_branch" in live:
+            lookup_only = live["on_branch"] & ~torch.isfinite(tree.scores)  # no drafter score: a lookup node only
+            lookup_count = (lookup_only.gather(1, path) & in_path).sum(1)
+        else:
+            lookup_count = torch.zeros_like(length)
+        self.out.copy_(torch.cat([length[:, None], committed, next_bucket[:, None], lookup_count[:, None]], dim=1))
         if self.policy is not None:
-            self.policy.learn(tree, live["choices"])
+            self.policy.learn(Grafted(tree, live["cond"], live["on_branch"]), live["choices"], live.get("ngram"))
+        # The history gains the committed tokens after the root (at past): slots past the count go to the spare column.
+        spare = self.history.shape[1] - 1
+        where = torch.where(slot < length[:, None], self.past[:, None] + 1 + slot, spare).clamp(max=spare)
+        self.history.scatter_(1, where, committed)
         self.past.add_(length)
         self.root.copy_(bonus)
         return {}
@@ -358,11 +391,13 @@ class GraphedDecoder:
         ids = torch.tensor([prompt] * self.batch, dtype=torch.long, device=self.device)
         last_logits, features = self.target.prefill(ids)
         self.past.fill_(len(prompt))
+        self.history[:, : len(prompt)] = ids
         if self.proposer is not None and features is not None:
             self.proposer.extend(features, torch.zeros_like(self.past))
         if not sampling.greedy:
             self.uniforms[:, :1].uniform_(generator=generator)
         self.root.copy_(self._choose(last_logits[:, None])[:, 0])
+        self.history[:, len(prompt)] = self.root
         done = emit([int(self.root[0].item())])  # the prefill's one copy
         stats.stage_seconds["prefill"] = time.perf_counter() - t0
         past = len(prompt)
@@ -379,7 +414,8 @@ class GraphedDecoder:
             stats.acceptance_lengths.append(count)
             stats.tree_sizes.append(self.nodes)
             if self.policy is not None:
-                self.nodes = self.policy.buckets[result[-1]]
+                self.nodes = self.policy.buckets[result[1 + self.path_width]]
+                stats.lookup_tokens += result[2 + self.path_width]
             past += count
             done = emit(result[1 : 1 + count])
         self.synchronize()

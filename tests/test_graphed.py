@@ -193,7 +193,7 @@ def test_a_decode_step_reads_nothing_on_the_host(budget, greedy):
         step_shapes = {k: tuple(v.shape) for k, v in live.items()}
         assert shapes is None or step_shapes == shapes
         shapes = step_shapes
-        assert tuple(decoder.out.shape) == (1, 2 + decoder.path_width)  # count, tokens, next size
+        assert tuple(decoder.out.shape) == (1, 3 + decoder.path_width)  # count, tokens, next size, lookup count
     assert shapes["tokens"] == (1, decoder.nodes)
 
 
@@ -285,10 +285,36 @@ def test_the_policy_step_reads_nothing_on_the_host():
             for _, fn in decoder._stage_fns():
                 live.update(fn(live))
         assert live["tokens"].shape == (1, size) and live["next_bucket"].shape == (1,)
+        assert live["ngram"].shape == (1,) and live["on_branch"].shape == (1, size)  # lookup ran inside the step
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lookup_branches_join_the_device_tree(dtype):
+    """A drafter that knows nothing (random logits) and a repetitive context: with lookup branches the device
+    policy commits tokens only a branch proposed and needs fewer steps; the output is the target's either way,
+    and the history the branches search is the prompt and the output."""
+    totals = {True: [0, 0], False: [0, 0]}
+    for arch, seed in [("qwen3", 0), ("qwen3", 2), ("llama", 0), ("llama", 1)]:
+        model = tiny_target(arch, seed=seed, dtype=dtype)
+        prompt = [int(t) for t in np.random.default_rng(seed).integers(2, 64, 6)]
+        reference = hf_greedy(model, prompt, 80)
+        prompt, reference = prompt + reference[:40], reference[40:]  # tiny random targets repeat themselves
+        for lookup in (True, False):
+            proposer = ScriptedStaticProposer(prompt, 6, 64, seed=seed)  # knows only the prompt: random drafts
+            decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8, 16),
+                                     policy_costs=[1.0, 1.05, 1.1, 1.2], lookup=lookup)
+            out = decoder.generate(prompt, 40)
+            assert out.output_ids == reference
+            assert decoder.history[0, : len(prompt) + 40].tolist() == prompt + reference
+            totals[lookup][0] += out.stats.lookup_tokens
+            totals[lookup][1] += out.stats.steps
+    assert totals[False][0] == 0 and totals[True][0] >= 10
+    assert totals[True][1] < totals[False][1]
 
 
 def test_selection_keeps_a_tree_and_ranks_by_value():
     """The policy's verify set is prefix-closed and holds the best nodes by calibrated path value."""
+    from tensorrt_llm_dflash.device_lookup import Grafted
     from tensorrt_llm_dflash.device_policy import DevicePolicy
     from tensorrt_llm_dflash.device_tree import build_ddtree_device, to_draft_tree
 
@@ -300,9 +326,10 @@ def test_selection_keeps_a_tree_and_ranks_by_value():
         lp = -np.sort(-lp, axis=1)
         pool = build_ddtree_device(torch.tensor([3]), torch.tensor(lp)[None],
                                    torch.tensor(rng.choice(1000, (6, 12)))[None], 31)
-        values = policy.path_values(pool, 6)
+        candidates = Grafted(pool, policy.draft_conditional(pool), torch.zeros_like(pool.valid))
+        values = policy.path_values(candidates, 6)
         size = int(rng.choice([2, 4, 8, 16]))
-        tree = policy.select(pool, values, size)
+        tree = policy.select(candidates, values, size).tree
         host = to_draft_tree(tree)
         assert all(p < i for i, p in enumerate(host.parents.tolist()[1:], start=1))
         chosen = sorted(values[0, 1:].tolist(), reverse=True)[: size - 1]
