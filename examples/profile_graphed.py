@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""Profile the graph-ready runtime (``GraphedDecoder``) per stage, per tree size and per dtype.
+
+For each dtype and each method it builds a decoder, captures its graphs (CUDA) and reports the
+capture time and memory, decodes a HumanEval-like prompt and reports tok/s, tau and the per-stage
+milliseconds per step (CUDA events between graph replays on CUDA, wall time on the CPU). Then, per
+dtype, it times the pieces issue 29 asks about in isolation:
+
+* ``compact``: the static cache's KV compaction (one gather + one scatter over all layers) for a
+  16-token path, eager and, on CUDA, replayed from a CUDA graph;
+* with ``--kernels``: one eager verify of the largest size and one eager draft under
+  ``torch.profiler``, the top kernels by device time (where bf16 and fp32 differ).
+
+    python examples/profile_graphed.py --device cuda --dtypes float32 bfloat16 --kernels --output_dir prof
+    python examples/profile_graphed.py --max_new_tokens 32 --methods ar-graph auto-graph   # CPU, eager stages
+
+Results print as one line per figure and, with ``--output_dir``, as ``profile.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from tensorrt_llm_dflash.assets import resolve_drafter_dir  # noqa: E402
+from tensorrt_llm_dflash.bench import encode_prompt, load_prompts  # noqa: E402
+from tensorrt_llm_dflash.drafter import load_dflash_drafter  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
+from tensorrt_llm_dflash.graphed import STEP_STAGES, GraphedDecoder  # noqa: E402
+from tensorrt_llm_dflash.target import load_target  # noqa: E402
+
+METHODS = {"ar-graph": "AR", "dflash-graph": "chain", "auto-graph": "cost-aware tree + lookup"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", default=None, help="HF dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--draft_model_dir", default=None, help="DFlash drafter dir (default: the shipped demo drafter)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "float64"])
+    ap.add_argument("--methods", nargs="+", default=["ar-graph", "dflash-graph", "auto-graph", "ddtree-graph:32"],
+                    help="ar-graph, dflash-graph, auto-graph, ddtree-graph:B")
+    ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--kernels", action="store_true", help="torch.profiler kernel tables of one verify and one draft")
+    ap.add_argument("--output_dir", default=None)
+    args = ap.parse_args(argv)
+    for method in args.methods:
+        name, _, param = method.partition(":")
+        if name not in METHODS and not (name == "ddtree-graph" and param.isdigit() and int(param) >= 1):
+            ap.error(f"--methods: unknown method {method!r} (ar-graph, dflash-graph, auto-graph, ddtree-graph:B)")
+    if args.max_new_tokens < 1:
+        ap.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    return args
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, device: torch.device, reps: int = 20) -> float:
+    fn()
+    samples = []
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(1000 * (time.perf_counter() - start))
+    return statistics.median(samples)
+
+
+def profile_method(model, drafter, method: str, prompt: list[int], new_tokens: int) -> dict:
+    name, _, param = method.partition(":")
+    budget = {"ar-graph": 0, "dflash-graph": 0, "auto-graph": None}.get(name, int(param or 0))
+    decoder = GraphedDecoder(model, None if name == "ar-graph" else drafter, budget=budget)
+    needed = len(prompt) + new_tokens + max(decoder.sizes()) + 1
+    if needed > decoder.capacity:
+        decoder._allocate(needed)
+    start = time.perf_counter()
+    decoder.prepare()
+    prepare_s = time.perf_counter() - start
+    decoder.generate(prompt, min(new_tokens, 16))  # warm-up
+    result = decoder.generate(prompt, new_tokens)
+    stats = result.stats
+    steps = max(stats.steps, 1)
+    return {
+        "method": method, "tok_per_s": stats.new_tokens / stats.total_seconds, "steps": stats.steps,
+        "tau": stats.new_tokens / steps, "tree_sizes": sorted(set(stats.tree_sizes)),
+        "stage_ms_per_step": {k: 1000 * stats.stage_seconds.get(k, 0.0) / steps for k in STEP_STAGES},
+        "prefill_ms": 1000 * stats.stage_seconds.get("prefill", 0.0),
+        "capture_s": decoder.capture_seconds, "capture_mib": decoder.capture_bytes / 2**20, "prepare_s": prepare_s,
+        "policy_costs_ms": ([1000 * c for c in decoder.policy.costs.tolist()] if decoder.policy is not None else None),
+        "lookup_tokens": stats.lookup_tokens, "output_ids": result.output_ids,
+    }
+
+
+def profile_compaction(model, device: torch.device) -> dict:
+    """KV compaction alone: a 16-node path over the whole static cache, eager and graphed."""
+    decoder = GraphedDecoder(model, None, budget=0, capacity=1024)
+    cache = decoder.target.cache
+    past = torch.full((1,), 400, dtype=torch.long, device=device)
+    path = torch.arange(0, 32, 2, device=device)[None]
+    out = {"eager_ms": _median_ms(lambda: cache.compact(past, path), device)}
+    if device.type == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            cache.compact(past, path)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        with torch.cuda.graph(graph):
+            cache.compact(past, path)
+        out["graphed_ms"] = _median_ms(graph.replay, device)
+    out["kv_mib"] = cache.kv.numel() * cache.kv.element_size() / 2**20
+    return out
+
+
+def kernel_tables(model, drafter, device: torch.device, prompt: list[int], rows: int = 15) -> dict:
+    """One eager verify (64 nodes) and one eager draft under torch.profiler: top kernels by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    decoder = GraphedDecoder(model, drafter, budget=63, use_graphs=False)
+    decoder.generate(prompt, 8)
+    tables = {}
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sort_by = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    for stage, fn in decoder._stage_fns():
+        if stage not in ("draft", "verify"):
+            continue
+        live: dict = {}
+        with torch.inference_mode():
+            for name, f in decoder._stage_fns():  # run the stages before this one to build its inputs
+                if name == stage:
+                    break
+                live.update(f(live))
+            _sync(device)
+            with profile(activities=activities) as prof:
+                fn(live)
+                _sync(device)
+        tables[stage] = prof.key_averages().table(sort_by=sort_by, row_limit=rows)
+    return tables
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    try:
+        draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
+                                        "pass --draft_model_dir, or profile only --methods ar-graph")
+        report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                        "torch": torch.__version__, "command": " ".join(sys.argv), "dtypes": {}}
+        for dtype_name in args.dtypes:
+            dtype = getattr(torch, dtype_name)
+            model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=args.device)
+            drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
+            prompt = encode_prompt(tokenizer, load_prompts("humaneval", 1)[0], True)
+            entry: dict = {"methods": [], "compaction": profile_compaction(model, device)}
+            print(f"[{dtype_name}] compaction {entry['compaction']}", flush=True)
+            for method in args.methods:
+                row = profile_method(model, drafter, method, prompt, args.max_new_tokens)
+                entry["methods"].append(row)
+                stages = " ".join(f"{k} {v:.2f}" for k, v in row["stage_ms_per_step"].items())
+                print(f"[{dtype_name}] {method}: {row['tok_per_s']:.1f} tok/s, tau {row['tau']:.2f}, "
+                      f"ms/step: {stages}; capture {row['capture_s']:.2f} s {row['capture_mib']:.0f} MiB; "
+                      f"sizes {row['tree_sizes']}", flush=True)
+            ar = next((r["output_ids"] for r in entry["methods"] if r["method"] == "ar-graph"), None)
+            for row in entry["methods"]:
+                row["equals_ar"] = None if ar is None else row["output_ids"] == ar
+            if args.kernels:
+                entry["kernels"] = kernel_tables(model, drafter, device, prompt)
+                for stage, table in entry["kernels"].items():
+                    print(f"[{dtype_name}] top kernels, one eager {stage}:\n{table}", flush=True)
+            report["dtypes"][dtype_name] = entry
+            del model, drafter
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        if args.output_dir:
+            out = Path(args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out / "profile.json", report)
+            print(f"wrote {out / 'profile.json'}")
+    except DFlashError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
