@@ -20,7 +20,6 @@ Results print as one line per figure and, with ``--output_dir``, as ``profile.js
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
