@@ -125,12 +125,17 @@ def jit_qgmma(s: SpecStep, sm: int) -> str | None:
         return f"QGMMA needs an e4m3 KV cache, got {s.kv_dtype}"
     if s.beam_width != 1:
         return "QGMMA needs beam width 1"
+    return _jit_shape(s, QGMMA_TOKENS_PER_BLOCK)
+
+
+def _jit_shape(s: SpecStep, tokens_per_block: tuple[int, ...]) -> str | None:
+    """The shape checks both JIT kernels make alike (head size, head group x beam, paged block size)."""
     if s.head_size % 16 or not 16 <= s.head_size <= 256:
         return f"head size {s.head_size} is not a multiple of 16 in 16..256"
     if _group(s) * s.beam_width > 32:
         return f"head group {_group(s)} x beam {s.beam_width} > 32"
-    if s.paged and s.tokens_per_block not in QGMMA_TOKENS_PER_BLOCK:
-        return f"tokens_per_block {s.tokens_per_block} not in {QGMMA_TOKENS_PER_BLOCK}"
+    if s.paged and s.tokens_per_block not in tokens_per_block:
+        return f"tokens_per_block {s.tokens_per_block} not in {tokens_per_block}"
     return None
 
 
@@ -147,13 +152,7 @@ def jit_hmma(s: SpecStep, sm: int) -> str | None:
         return f"HMMA has no KV cache type {s.kv_dtype}"
     if s.beam_width not in (1, 4):
         return f"beam width {s.beam_width}"
-    if s.head_size % 16 or not 16 <= s.head_size <= 256:
-        return f"head size {s.head_size} is not a multiple of 16 in 16..256"
-    if _group(s) * s.beam_width > 32:
-        return f"head group {_group(s)} x beam {s.beam_width} > 32"
-    if s.paged and s.tokens_per_block not in HMMA_TOKENS_PER_BLOCK:
-        return f"tokens_per_block {s.tokens_per_block} not in {HMMA_TOKENS_PER_BLOCK}"
-    return None
+    return _jit_shape(s, HMMA_TOKENS_PER_BLOCK)
 
 
 def precompiled(s: SpecStep, sm: int) -> str | None:
