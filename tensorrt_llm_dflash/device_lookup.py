@@ -95,7 +95,9 @@ def lookup_device(history: torch.Tensor, length: torch.Tensor, max_tokens: int, 
 
 @dataclass
 class Grafted:
-    """The pool with the branches grafted: ``pool + R * T`` columns, parents before children."""
+    """The pool with the branches grafted: ``pool + R * T`` columns, parents before children. Unlike a
+    built tree, ``valid`` is not a prefix of the row (pool padding sits before branch columns); the
+    policy's ``select`` and the walk read ``valid`` per column, never a count."""
 
     tree: DeviceTree  # scores -inf on branch-only nodes (they have no drafter marginal)
     cond: torch.Tensor  # float64 [B, N']: conditional acceptance, shared nodes the larger estimate
