@@ -82,9 +82,7 @@ def profile_method(model, drafter, method: str, prompt: list[int], new_tokens: i
     name, _, param = method.partition(":")
     budget = {"ar-graph": 0, "dflash-graph": 0, "auto-graph": None}.get(name, int(param or 0))
     decoder = GraphedDecoder(model, None if name == "ar-graph" else drafter, budget=budget)
-    needed = len(prompt) + new_tokens + max(decoder.sizes()) + 1
-    if needed > decoder.capacity:
-        decoder._allocate(needed)
+    decoder.reserve(len(prompt), new_tokens)
     start = time.perf_counter()
     decoder.prepare()
     prepare_s = time.perf_counter() - start

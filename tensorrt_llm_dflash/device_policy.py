@@ -81,6 +81,18 @@ class DevicePolicy:
         self.lookup_trials.zero_()
         self.lookup_table.copy_(self.lookup_prior)
 
+    #: What ``learn`` changes: the whole learned state.
+    LEARNED = ("hits", "trials", "table", "lookup_hits", "lookup_trials", "lookup_table")
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """A copy of the learned tables (device tensors; no host sync)."""
+        return {name: getattr(self, name).clone() for name in self.LEARNED}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy learned tables back in place (same addresses: captured graphs keep reading them)."""
+        for name in self.LEARNED:
+            getattr(self, name).copy_(state[name])
+
     def set_costs(self, seconds: Sequence[float]) -> None:
         self.costs.copy_(torch.tensor([float(s) for s in seconds], dtype=torch.float64))
 

@@ -24,8 +24,9 @@ the graph so that replays stay deterministic under a seed).
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +90,10 @@ class GraphedDecoder:
     returns one of the same interface (``block_size``, ``draft_ids``, ``target_layer_ids``,
     ``extend``, ``draft``). ``use_graphs`` defaults to True on CUDA and is always
     False on the CPU, where the same stage functions run eagerly.
+
+    What the policy learned survives a re-capture (a new sampling setting, a larger capacity): the
+    throwaway steps of warm-up and timing never teach it, and a larger static state takes over its
+    tables. Its step costs are timed per sampling cost class (:meth:`_cost_key`) and per capacity.
     """
 
     def __init__(self, target_model: Any, drafter: Any | None = None, *, budget: int | None = 0,
@@ -108,12 +113,17 @@ class GraphedDecoder:
             raise DFlashInputError(f"use_graphs=True needs a CUDA device, the target is on {self.device}")
         self.capture_seconds = 0.0
         self.capture_bytes = 0
+        self.policy: DevicePolicy | None = None
         self._allocate(capacity)
 
     # ------------------------------------------------------------------ state
 
     def _allocate(self, capacity: int) -> None:
+        """(Re)build the static state for ``capacity`` slots (rounded up to ``CAPACITY_STEP``, and at least one
+        step's writes from an empty state, which warm-up and timing steps make). Graphs and step costs are
+        per state (attention spans the capacity); the policy's learned tables carry over."""
         capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+        learned = self.policy.state() if self.policy is not None else None
         self.proposer: Any = None
         if isinstance(self.drafter_model, DFlashDraftModel):
             self.proposer = StaticDrafter(self.drafter_model, self.model.get_input_embeddings(),
@@ -125,10 +135,12 @@ class GraphedDecoder:
         self.nodes = tree_size(self.proposer, self.budget)
         self.path_width = self.proposer.block_size if self.proposer is not None else 1
         b, dev = self.batch, self.device
-        self.policy: DevicePolicy | None = None
+        self.policy = None
         if self.budget is None and self.proposer is not None:
             self.policy = DevicePolicy(self.proposer.block_size - 1, self.policy_buckets, dev,
                                        lookup_rows=self.lookup_config.lookup_tokens)
+            if learned is not None:  # same drafter, same buckets: same table shapes
+                self.policy.load_state(learned)
             if self.nodes not in self.policy.buckets:
                 self.nodes = self.policy.buckets[len(self.policy.buckets) // 2]
         self.lookup = self.policy is not None and self.lookup_config.lookup
@@ -143,16 +155,36 @@ class GraphedDecoder:
         #: What the host copies once per step: [count, committed tokens (padded), next tree size's index,
         #: committed tokens that only a lookup branch proposed].
         self.out = torch.zeros(b, 3 + self.path_width, dtype=torch.long, device=dev)
-        self._costs_measured = False
+        #: Measured step costs per sampling cost class (``_cost_key``), for this state's capacity.
+        self._costs: dict[tuple, list[float]] = {}
         self._events: list[Any] = []
         self._pending_timing: tuple[list[str], dict[str, float]] | None = None
         self.sampling = SamplingParams()
         self._graphs: dict[tuple, _Graphs] = {}
         self._pool: Any = None
+        if self.span > capacity:  # a tree or block larger than the rounded capacity: one more round
+            self._allocate(self.span)
 
     @property
     def capacity(self) -> int:
         return self.target.capacity
+
+    @property
+    def span(self) -> int:
+        """Slots after ``past`` that one step writes: the verified tree (``past + i`` for its largest size) and
+        the compaction, which writes ``past + arange(path_width)`` (the block) whatever the tree's size."""
+        return max(max(self.sizes()), self.path_width)
+
+    def capacity_needed(self, prompt_len: int, max_new_tokens: int) -> int:
+        """Slots a request needs: a step starts at ``past <= prompt_len + max_new_tokens - 2`` (the prefill's
+        token and at least one more are out before the last step) and writes ``span`` slots from there."""
+        return prompt_len + max_new_tokens + self.span
+
+    def reserve(self, prompt_len: int, max_new_tokens: int) -> None:
+        """Grow the static state (and so re-capture) if a request of this size would not fit."""
+        needed = self.capacity_needed(prompt_len, max_new_tokens)
+        if needed > self.capacity:
+            self._allocate(needed)
 
     # ------------------------------------------------------------------ stages
 
@@ -249,8 +281,39 @@ class GraphedDecoder:
         return {}
 
     def _stage_fns(self) -> list[tuple[str, Callable[[dict], dict]]]:
-        return [("draft", self._draft), ("tree_build", self._tree_build), ("verify", self._verify),
-                ("commit", self._commit)]
+        # AR drafts nothing: a draft stage would capture an empty CUDA graph (a warning on every capture).
+        draft = [("draft", self._draft)] if self.proposer is not None else []
+        return [*draft, ("tree_build", self._tree_build), ("verify", self._verify), ("commit", self._commit)]
+
+    @contextlib.contextmanager
+    def _scratch(self) -> Iterator[Callable[[], None]]:
+        """Throwaway steps (capture warm-up, cost timing): yields ``reset``, which puts the step state back to an
+        empty cache (``past`` 0, the current size's full depth) so that no step writes past the capacity,
+        whatever the last request left. The policy's learned tables are restored afterwards: these steps verify
+        trees of stale or arbitrary state, and would otherwise feed them to ``policy.learn``.
+        Everything else they touch (cache, history, drafter context) the next prefill makes valid again."""
+        saved = self.policy.state() if self.policy is not None else None
+
+        def reset() -> None:
+            self.past.zero_()
+            self.max_depth.fill_(self.nodes - 1)
+
+        reset()
+        try:
+            yield reset
+        finally:
+            self.past.zero_()
+            if saved is not None:
+                self.policy.load_state(saved)
+
+    def _warm_up(self, steps: int = 2) -> None:
+        """Eager steps of the current size from an empty state (what a capture runs first, on its side stream)."""
+        with torch.inference_mode(), self._scratch() as reset:
+            for _ in range(steps):
+                reset()
+                live: dict[str, torch.Tensor] = {}
+                for _, fn in self._stage_fns():
+                    live.update(fn(live))
 
     # ------------------------------------------------------------------ graphs
 
@@ -258,19 +321,24 @@ class GraphedDecoder:
         return (self.nodes, self.sampling.greedy, self.sampling.top_k, self.sampling.top_p,
                 self.sampling.temperature if not self.sampling.greedy else 0.0)
 
+    def _cost_key(self) -> tuple:
+        """What a step's cost depends on in the sampling settings: greedy takes an argmax per node, sampled
+        verify a full-vocabulary softmax (top-k: a topk, top-p: a sort) per node. Temperature and seed cost
+        nothing extra, so they share a curve (their graphs still differ: the temperature is baked in)."""
+        if self.sampling.greedy:
+            return ("greedy",)
+        return ("sampled", self.sampling.top_k, self.sampling.top_p)
+
     def _capture(self) -> _Graphs:
-        """Warm up (2 eager steps on a side stream), then capture each stage; state is reset by the next prefill."""
+        """Warm up (2 eager steps on a side stream, from an empty state), then capture each stage; state is reset
+        by the next prefill."""
         captured = _Graphs()
         start = time.perf_counter()
         before = torch.cuda.memory_allocated(self.device)
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):
-                live: dict[str, torch.Tensor] = {}
-                for _, fn in self._stage_fns():
-                    live.update(fn(live))
-                self.past.zero_()
+        with torch.cuda.stream(stream):
+            self._warm_up()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         # One memory pool for every size's graphs: only one size replays at a time, and the tensors a later
         # stage reads stay referenced in ``captured.live``, so no capture can reuse their memory.
@@ -296,36 +364,65 @@ class GraphedDecoder:
         """Every tree size this decoder runs (one graph each)."""
         return self.policy.buckets if self.policy is not None else (self.nodes,)
 
-    def prepare(self) -> None:
-        """Capture every size's graphs now (start-up), instead of at the first step; with the policy, also
-        measure each size's step time (its cost curve), unless ``policy_costs`` gave it."""
+    # Inference mode: a generate() that grew the capacity allocated the state under it, and inference tensors
+    # take in-place updates (warm-up, timing, the policy's costs) only inside it.
+    @torch.inference_mode()
+    def prepare(self, sampling: SamplingParams | None = None) -> None:
+        """Capture every size's graphs for ``sampling`` (default: the current setting) now, instead of at the first
+        step; with the policy, also measure each size's step time (its cost curve) for this sampling cost class,
+        unless ``policy_costs`` gave it. The policy's learned tables are left as they were."""
+        if sampling is not None:
+            self.sampling = sampling
         current = self.nodes
-        for size in self.sizes():
-            self.nodes = size
-            if self.use_graphs and self._key() not in self._graphs:
-                self._graphs[self._key()] = self._capture()
-        if self.policy is not None and not self._costs_measured:
-            self.policy.set_costs(self.policy_costs or [self._time_step(size) for size in self.sizes()])
-            self.policy.reset()  # the timing steps labelled garbage trees
-            self._costs_measured = True
-        self.nodes = current
+        try:
+            for size in self.sizes():
+                self.nodes = size
+                if self.use_graphs and self._key() not in self._graphs:
+                    self._graphs[self._key()] = self._capture()
+            if self.policy is not None:
+                key = self._cost_key()
+                if key not in self._costs:
+                    self._costs[key] = self.policy_costs or [self._time_step(size) for size in self.sizes()]
+                self.policy.set_costs(self._costs[key])
+        finally:
+            self.nodes = current
 
     @torch.inference_mode()
     def _time_step(self, size: int, repeats: int = 5) -> float:
         """Median seconds of one step of ``size`` nodes (graph replay on CUDA) on throwaway state."""
         self.nodes = size
-        self.max_depth.fill_(size - 1)
         samples = []
-        for rep in range(repeats + 1):
-            self.past.zero_()
-            self.synchronize()
-            start = time.perf_counter()
-            self._run_step(None)
-            self.synchronize()
-            if rep:
-                samples.append(time.perf_counter() - start)
-        self.past.zero_()
+        with self._scratch() as reset:
+            for rep in range(repeats + 1):
+                reset()
+                self.synchronize()
+                start = time.perf_counter()
+                self._run_step(None)
+                self.synchronize()
+                if rep:
+                    samples.append(time.perf_counter() - start)
         return sorted(samples)[len(samples) // 2]
+
+    @torch.inference_mode()
+    def time_stages(self, size: int, repeats: int = 5) -> dict[str, float]:
+        """Median milliseconds per stage of one step of ``size`` nodes (CUDA events between graph replays on CUDA,
+        wall time on the CPU) on throwaway state, as :meth:`generate` times them; a profiling aid."""
+        current, self.nodes = self.nodes, size
+        samples: dict[str, list[float]] = {}
+        try:
+            with self._scratch() as reset:
+                for rep in range(repeats + 1):
+                    reset()
+                    seconds = dict.fromkeys((name for name, _ in self._stage_fns()), 0.0)
+                    self._run_step(seconds)
+                    self.synchronize()
+                    self._collect_stage_times()
+                    if rep:
+                        for name, value in seconds.items():
+                            samples.setdefault(name, []).append(1000.0 * value)
+        finally:
+            self.nodes = current
+        return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
 
     def _run_step(self, stage_seconds: dict[str, float] | None) -> None:
         if self.use_graphs:
@@ -373,14 +470,11 @@ class GraphedDecoder:
         if bad:
             raise DFlashInputError(
                 f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{self.target.vocab_size - 1}")
-        needed = len(prompt) + max_new_tokens + max(self.sizes()) + 1
-        if needed > self.capacity:
-            self._allocate(needed)
-        self.sampling = sampling
+        self.reserve(len(prompt), max_new_tokens)
         if generator is None and not sampling.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
-        self.prepare()
+        self.prepare(sampling)
         stops = {int(t) for t in stop_token_ids}
         stats = GenerationStats()
         stats.stage_seconds = dict.fromkeys(STAGES, 0.0)

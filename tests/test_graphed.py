@@ -339,3 +339,146 @@ def test_selection_keeps_a_tree_and_ranks_by_value():
         vals = values[0].tolist()
         parents = pool.parents[0].tolist()
         assert all(vals[i] <= vals[parents[i]] for i in range(1, len(vals)) if parents[i] >= 0)
+
+
+# --------------------------------------------------------------------------------- issue 35: capacity, re-capture
+
+
+def _policy_tables(decoder: GraphedDecoder) -> dict[str, torch.Tensor]:
+    policy = decoder.policy
+    return {name: getattr(policy, name).clone() for name in
+            ("hits", "trials", "table", "lookup_hits", "lookup_trials", "lookup_table")}
+
+
+def _assert_tables_equal(decoder: GraphedDecoder, tables: dict[str, torch.Tensor]) -> None:
+    for name, before in tables.items():
+        assert torch.equal(getattr(decoder.policy, name), before), name
+
+
+@pytest.mark.parametrize("block_size,budget", [(8, 3), (16, 1), (8, None), (12, 2)])
+def test_kv_compaction_never_writes_past_the_cache(block_size, budget):
+    """Compaction writes ``past + arange(block)``: the cache must hold a block after the last step's ``past``, not
+    only a tree (issue 35: block 8, DDTree 3, a 200-token prompt and 51 new tokens wrote slot 256 of 256)."""
+    model = tiny_target("qwen3", seed=1, max_positions=1024)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(2, 64, 200)]
+    reference = hf_greedy(model, prompt, 51)
+    proposer = ScriptedStaticProposer(prompt + reference, block_size, 64, noise=0.3, seed=1)
+    costs = [1.0, 1.1] if budget is None else None
+    decoder = GraphedDecoder(model, proposer, budget=budget, policy_buckets=(2, 4), policy_costs=costs)
+    assert max(decoder.sizes()) < block_size  # the tree is smaller than the compacted width
+    out = decoder.generate(prompt, 51)
+    assert out.output_ids == reference
+    assert decoder.capacity >= len(prompt) + 51 + block_size - 2  # the deepest write of the last possible step
+
+
+def test_warm_up_steps_start_from_an_empty_state_and_teach_nothing():
+    """The CUDA capture's eager warm-up (run here eagerly), after a request that ended near the end of the cache:
+    its steps start from an empty state, leave one behind, and leave the learned policy as it was (they verify
+    trees of stale state: labels from them would be garbage)."""
+    model = tiny_target("llama", seed=3, max_positions=1024)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(2, 64, 400)]
+    n = 104
+    reference = hf_greedy(model, prompt, n)
+    proposer = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.2, seed=3)
+    decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8), policy_costs=[1.0, 1.1, 1.2])
+    assert decoder.generate(prompt, n).output_ids == reference
+    assert decoder.capacity - int(decoder.past[0]) <= decoder.span  # the request ended at the last step's reach
+    tables = _policy_tables(decoder)
+    assert not torch.equal(tables["table"], decoder.policy.prior)  # it learned something worth keeping
+    for size in decoder.sizes():
+        decoder.nodes = size
+        decoder._warm_up()
+        assert int(decoder.past[0]) == 0
+    _assert_tables_equal(decoder, tables)
+    assert decoder.generate(prompt, n).output_ids == reference
+
+
+@pytest.mark.parametrize("how", ["temperature", "capacity"])
+def test_a_recapture_leaves_the_policy_tables_unchanged(how):
+    """Re-preparing for a new sampling setting (new graphs, new cost curve) or a larger capacity (new static state)
+    runs throwaway steps: they must not feed their trees to the policy, and a larger state keeps what it learned."""
+    model = tiny_target("qwen3", seed=2, max_positions=1024)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(2, 64, 12)]
+    reference = hf_greedy(model, prompt, 40)
+    proposer = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.3, seed=2, length=2048)
+    decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8))
+    assert decoder.generate(prompt, 40).output_ids == reference
+    tables = _policy_tables(decoder)
+    assert not torch.equal(tables["table"], decoder.policy.prior)
+    if how == "temperature":
+        decoder.sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=1)
+    else:
+        decoder._allocate(4 * CAPACITY_STEP)
+    decoder.prepare()
+    _assert_tables_equal(decoder, tables)
+
+
+def test_step_costs_are_timed_per_sampling_setting(monkeypatch):
+    """A sampled verify sorts the vocabulary at every node: the cost curve of T > 0 is timed under T > 0, once per
+    setting (greedy, or sampled with the same top-k/top-p), and each request uses its own setting's curve."""
+    model = tiny_target("llama", seed=5)
+    drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=None, policy_buckets=(2, 4, 8))
+    timed: list[tuple[int, bool]] = []
+
+    def fake_time_step(size: int, repeats: int = 5) -> float:
+        timed.append((size, decoder.sampling.greedy))
+        return size * (2e-3 if not decoder.sampling.greedy else 1e-3)
+
+    monkeypatch.setattr(decoder, "_time_step", fake_time_step)
+    prompt = [4, 8, 15, 16, 23]
+    decoder.generate(prompt, 8)
+    assert timed == [(2, True), (4, True), (8, True)]
+    assert decoder.policy.costs.tolist() == [2e-3, 4e-3, 8e-3]
+    sampled = SamplingParams(temperature=0.8, top_p=0.9, seed=3)
+    decoder.generate(prompt, 8, sampling=sampled)
+    assert timed[3:] == [(2, False), (4, False), (8, False)]
+    assert decoder.policy.costs.tolist() == [4e-3, 8e-3, 16e-3]
+    decoder.generate(prompt, 8, sampling=SamplingParams(temperature=1.3, top_p=0.9, seed=4))  # same cost class
+    decoder.generate(prompt, 8)
+    assert len(timed) == 6  # nothing re-timed
+    assert decoder.policy.costs.tolist() == [2e-3, 4e-3, 8e-3]
+
+
+@pytest.mark.parametrize("budget", [None, 3])
+def test_prepare_after_a_generate_that_grew_the_capacity(budget):
+    """generate() allocates a larger state under inference mode; prepare() (for a new sampling setting) must still
+    work outside inference mode, and the next request too."""
+    model = tiny_target("qwen3", seed=4, max_positions=1024)
+    drafter = tiny_drafter(model, block_size=6, seed=2, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=budget, policy_buckets=(2, 4))
+    prompt = [int(t) for t in np.random.default_rng(4).integers(2, 64, CAPACITY_STEP)]
+    decoder.generate(prompt, 6)
+    assert decoder.capacity > CAPACITY_STEP and torch.is_inference(decoder.past)
+    decoder.sampling = SamplingParams(temperature=0.8, seed=1)
+    decoder.prepare()
+    short = [5, 6, 7]
+    assert decoder.generate(short, 10).output_ids == hf_greedy(model, short, 10)
+
+
+@pytest.mark.parametrize("budget,drafted", [(0, False), (0, True), (4, True), (None, True)])
+def test_every_stage_launches_work(budget, drafted):
+    """Each stage function is one CUDA graph: a stage that dispatches no op is an empty graph (a warning on every
+    capture), so AR has no draft stage."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_target("qwen3", seed=6)
+    drafter = tiny_drafter(model, block_size=5, seed=1, layers=1) if drafted else None
+    decoder = GraphedDecoder(model, drafter, budget=budget, policy_buckets=(2, 4), policy_costs=[1.0, 1.1])
+    decoder.generate([3, 4, 5, 6], 4)
+    names = [name for name, _ in decoder._stage_fns()]
+    assert names == ["draft", "tree_build", "verify", "commit"][0 if drafted else 1:]
+    live: dict[str, torch.Tensor] = {}
+    with torch.inference_mode():
+        for name, fn in decoder._stage_fns():
+            Count.ops = 0
+            with Count():
+                live.update(fn(live))
+            assert Count.ops > 0, name
