@@ -1,0 +1,207 @@
+"""``python -m tensorrt_llm_dflash.serve``: an OpenAI-compatible server (docs/serving.md).
+
+    python -m tensorrt_llm_dflash.serve                                   # embedded SmolLM2 + demo drafter
+    python -m tensorrt_llm_dflash.serve --speculative_decoding_mode none  # plain AR, same runtime
+    python -m tensorrt_llm_dflash.serve --target_model_dir /models/Qwen3-8B \\
+        --draft_model_dir /models/Qwen3-8B-DFlash-b16 --dtype bfloat16 --device cuda --port 8000
+
+Model flags follow examples/run.py. Every flag is checked, and the port bound, before any model
+loads: a bad flag or a port in use exits with status 2 and one line naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import cli
+from ..errors import DFlashError
+from ..precision import guarantee, low_precision_warning
+from ..tree import MAX_DDTREE_BUDGET
+
+DTYPES = ["float32", "bfloat16", "float16", "float64"]
+#: The embedded target's name in /v1/models when --served_model_name is not given.
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+MAX_BATCH_SIZE = 256
+MAX_QUEUE = 1 << 20
+LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+
+
+def host(text: str) -> str:
+    """A host name or address to bind (checked by resolving it, before any model loads)."""
+    try:
+        socket.getaddrinfo(text, None)
+    except (socket.gaierror, UnicodeError) as err:
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be resolved: {err}") from None
+    return text
+
+
+def served_name(text: str) -> str:
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(f"must be a non-empty name without surrounding spaces, got {text!r}")
+    return text
+
+
+def build_parser() -> cli.ArgumentParser:
+    ap = cli.ArgumentParser(prog="python -m tensorrt_llm_dflash.serve", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="Exactness by --dtype: " + "; ".join(guarantee(d) for d in DTYPES) + ".")
+    model = ap.add_argument_group("model (as examples/run.py)")
+    model.add_argument("--speculative_decoding_mode", choices=["none", "dflash"], default="dflash")
+    model.add_argument("--backend", choices=["pytorch", "trt"], default="pytorch",
+                       help="pytorch: the graph-ready runtime (CUDA graphs on CUDA, eager on the CPU); trt: a "
+                            "TensorRT-LLM engine (not served yet: the engine runner needs rows first, issue 37 item 5)")
+    model.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                       help="HF causal-LM dir or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    model.add_argument("--draft_model_dir", type=cli.existing_dir, default=None,
+                       help="DFlash drafter dir (default: the shipped demo drafter, for the embedded target)")
+    model.add_argument("--ddtree_budget", type=cli.integer(0, MAX_DDTREE_BUDGET), default=None,
+                       help="a fixed DDTree node budget; 0 = DFlash chain (default: the cost-aware tree on the "
+                            "device, its tree size chosen each step from the measured cost of each size)")
+    model.add_argument("--no_lookup", action="store_true", help="cost-aware tree: no prompt-lookup branches")
+    model.add_argument("--dtype", choices=DTYPES, default="float32",
+                       help="float32/float64: greedy (temperature 0) answers equal the target's own greedy output")
+    model.add_argument("--device", type=cli.device, default=None, help="cpu or cuda (default: cuda if available)")
+    model.add_argument("--threads", type=cli.threads, default=None, help="torch CPU threads")
+    server = ap.add_argument_group("server")
+    server.add_argument("--host", type=host, default="127.0.0.1",
+                        help="address to listen on (default: loopback only; 0.0.0.0 for every interface)")
+    server.add_argument("--port", type=cli.integer(0, 65535), default=8000, help="0 = any free port (printed)")
+    server.add_argument("--served_model_name", type=served_name, default=None,
+                        help="the model's name in the API (default: the target directory's name)")
+    server.add_argument("--max_batch_size", type=cli.integer(1, MAX_BATCH_SIZE), default=1,
+                        help="rows decoded together. The graphed runtime runs one row per decoder today, so N > 1 "
+                             "builds N decoders stepped in turn: requests progress together, but no forward pass "
+                             "is shared yet (docs/serving.md)")
+    server.add_argument("--max_queue", type=cli.integer(0, MAX_QUEUE), default=64,
+                        help="requests that may wait for a row; past max_batch_size + max_queue in flight, new "
+                             "requests get 429")
+    server.add_argument("--max_model_len", type=cli.integer(1), default=None,
+                        help="prompt + output tokens per request (default: the target's positions)")
+    server.add_argument("--log_level", choices=LOG_LEVELS, default="info")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.backend == "trt":
+        cli.refuse(ap, "--backend", "'trt' is not served yet: the engine runner decodes one prompt per call, and the "
+                                    "server needs a BatchRunner over it (issue 37 item 5); serve --backend pytorch")
+    speculative = args.speculative_decoding_mode == "dflash"
+    if not speculative:
+        for flag, given in (("--draft_model_dir", args.draft_model_dir is not None),
+                            ("--ddtree_budget", args.ddtree_budget is not None), ("--no_lookup", args.no_lookup)):
+            if given:
+                cli.refuse(ap, flag, "needs --speculative_decoding_mode dflash (there is no drafter in 'none')")
+    if args.no_lookup and args.ddtree_budget is not None:
+        cli.refuse(ap, "--no_lookup", "applies to the cost-aware tree, not to a fixed --ddtree_budget")
+    if speculative and args.target_model_dir is not None and args.draft_model_dir is None:
+        cli.refuse(ap, "--draft_model_dir", "is required with --target_model_dir (the demo drafter only fits the "
+                                            "embedded SmolLM2 target), or pass --speculative_decoding_mode none")
+    for module in ("fastapi", "uvicorn"):
+        cli.require_module(ap, "--host", module, "pip install -r requirements.txt")
+    args.socket = bind(ap, args.host, args.port)
+    return args
+
+
+def bind(ap: argparse.ArgumentParser, address: str, port: int) -> socket.socket:
+    """Bind now, so that a port in use is refused before minutes of loading; listen once the model is ready."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+    except OSError as err:
+        sock.close()
+        cli.refuse(ap, "--port", f"cannot listen on {address}:{port}: {err.strerror or err}")
+    sock.set_inheritable(True)
+    return sock
+
+
+def load_models(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
+    """(target model, DFlash drafter or None, tokenizer, EOS ids), with run.py's loaders and checks."""
+    import torch
+
+    from ..assets import resolve_drafter_dir
+    from ..config import DFlashDraftConfig
+    from ..drafter import load_dflash_drafter
+    from ..target import load_target, target_dims
+
+    dtype = getattr(torch, args.dtype)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    draft_dir = None
+    if args.speculative_decoding_mode == "dflash":
+        draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
+                                        "serve with --speculative_decoding_mode none")
+        DFlashDraftConfig.from_pretrained(draft_dir)  # a malformed drafter config is refused before any load
+    model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
+    drafter = None
+    if draft_dir is not None:
+        drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=device)
+        drafter.config.validate_for_target(**target_dims(model))
+    stops = model.generation_config.eos_token_id
+    stops = [] if stops is None else (list(stops) if isinstance(stops, (list, tuple)) else [stops])
+    return model, drafter, tokenizer, [int(s) for s in stops]
+
+
+def default_model_name(args: argparse.Namespace) -> str:
+    if args.served_model_name:
+        return args.served_model_name
+    if args.target_model_dir is None:
+        return EMBEDDED_MODEL_NAME
+    path = Path(args.target_model_dir).resolve()
+    return path.stem if path.is_file() else path.name
+
+
+def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(FastAPI app, engine): models loaded, the runner built and measured; the engine starts with the app."""
+    from .api import ServerSettings, create_app
+    from .engine import Engine
+    from .runner import DecoderSpec, graphed_rows
+
+    model, drafter, tokenizer, eos = load_models(args)
+    spec = DecoderSpec(model, drafter, budget=args.ddtree_budget, lookup=not args.no_lookup)
+    runner = graphed_rows(spec, args.max_batch_size, args.max_model_len)
+    # Two tokenizers: a fast tokenizer is not safe to share between the event loop and the engine thread.
+    engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=args.max_queue)
+    app = create_app(engine, ServerSettings(default_model_name(args), frozenset(eos), tokenizer))
+    return app, engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sock: socket.socket = args.socket
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s: %(name)s: %(message)s")
+    try:
+        import torch
+        import uvicorn
+
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        warning = low_precision_warning(args.dtype, args.speculative_decoding_mode == "dflash")
+        if warning:
+            print(warning, file=sys.stderr)
+        app, engine = build_server(args)
+        sock.listen(2048)
+        bound_host, bound_port = sock.getsockname()[:2]
+        print(f"serving {default_model_name(args)!r} ({engine.runner.description}; max_batch_size "
+              f"{engine.runner.max_batch}, max_queue {engine.max_queue}, max_model_len {engine.runner.max_model_len}) "
+              f"at http://{bound_host}:{bound_port}", flush=True)
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
+        uvicorn.Server(config).run(sockets=[sock])
+    except DFlashError as err:
+        cli.print_error(err)
+        return 2
+    finally:
+        sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Shared setup of the server tests: a real uvicorn server on a loopback port, in a thread of the test process,
+over tiny random models (float64: greedy output is exactly transformers' greedy output)."""
+
+from __future__ import annotations
+
+import copy
+import re
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+from tiny_dirs import char_tokenizer
+from tiny_models import hf_greedy, tiny_drafter, tiny_target
+
+from tensorrt_llm_dflash.serve.api import ServerSettings, create_app
+from tensorrt_llm_dflash.serve.engine import Engine
+from tensorrt_llm_dflash.serve.runner import BatchRunner, DecoderSpec, RowRequest, RowStep, graphed_rows
+
+#: The tiny target's context: prompts are characters, so a 600-character prompt does not fit.
+MAX_POSITIONS = 512
+MODEL_NAME = "tiny-dflash"
+#: Step costs of the cost-aware tree per tree size (2, 4, 8, 16), given instead of measured: deterministic trees
+#: whatever the machine's load, and mid-sized trees get chosen.
+POLICY_BUCKETS = (2, 4, 8, 16)
+POLICY_COSTS = (1.0, 1.1, 1.3, 1.8)
+
+
+class TinyModels:
+    """A tiny Qwen3 target (float64), a tiny DFlash drafter and a character tokenizer with a chat template."""
+
+    def __init__(self, seed: int = 2) -> None:
+        self.model = tiny_target("qwen3", seed=seed, max_positions=MAX_POSITIONS)
+        self.drafter = tiny_drafter(self.model, block_size=4, seed=2)
+        self.tokenizer = char_tokenizer()
+        self._solo: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+    def solo_ids(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """The prompt's own greedy continuation from transformers' generate (cached)."""
+        key = (tuple(prompt_ids), max_tokens)
+        if key not in self._solo:
+            self._solo[key] = hf_greedy(self.model, list(prompt_ids), max_tokens)
+        return self._solo[key]
+
+    def solo_text(self, prompt_ids: list[int], max_tokens: int) -> str:
+        return self.tokenizer.decode(self.solo_ids(prompt_ids, max_tokens), skip_special_tokens=True)
+
+    def spec(self, budget: int | None = None, speculative: bool = True) -> DecoderSpec:
+        return DecoderSpec(self.model, self.drafter if speculative else None, budget=budget,
+                           policy_buckets=POLICY_BUCKETS, policy_costs=POLICY_COSTS)
+
+
+class SlowRunner:
+    """A runner that sleeps before every step: long requests take seconds, so a test can act while they run."""
+
+    def __init__(self, inner: BatchRunner, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+        self.max_batch, self.max_model_len = inner.max_batch, inner.max_model_len
+        self.vocab_size, self.description = inner.vocab_size, inner.description
+
+    def admit(self, slot: int, row: RowRequest) -> None:
+        self.inner.admit(slot, row)
+
+    def step(self) -> dict[int, RowStep]:
+        time.sleep(self.seconds)
+        return self.inner.step()
+
+    def release(self, slot: int) -> None:
+        self.inner.release(slot)
+
+
+class LiveServer:
+    """The app served by uvicorn on 127.0.0.1, a free port, in a daemon thread; ``close()`` shuts it down."""
+
+    def __init__(self, runner: BatchRunner, tokenizer: Any, *, max_queue: int = 64,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+        import uvicorn
+
+        self.engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=max_queue)
+        self.app = create_app(self.engine, ServerSettings(MODEL_NAME, eos_token_ids, tokenizer))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+
+    def client(self, **kwargs: Any) -> Any:
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        """``/metrics`` parsed: ``name{labels}`` -> value."""
+        import httpx
+
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return parse_prometheus(text)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "the test server did not stop"
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (-?[0-9.e+-]+|\+Inf|-Inf|NaN)$")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Every sample line of the text format; fails on a line that is neither a sample nor HELP/TYPE."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        match = _SAMPLE.match(line)
+        assert match, f"not a Prometheus sample line: {line!r}"
+        samples[match.group(1) + (match.group(2) or "")] = float(match.group(3))
+    return samples
+
+
+def tiny_server(models: TinyModels, *, rows: int, budget: int | None = None, speculative: bool = True,
+                max_queue: int = 64, slow: float = 0.0) -> LiveServer:
+    torch.set_num_threads(1)
+    runner: BatchRunner = graphed_rows(models.spec(budget, speculative), rows)
+    if slow:
+        runner = SlowRunner(runner, slow)
+    return LiveServer(runner, models.tokenizer, max_queue=max_queue)
