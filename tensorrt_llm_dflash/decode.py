@@ -152,8 +152,14 @@ class _Timer:
             self.stats.stage_seconds[name] += time.perf_counter() - start
 
 
-def draft_tree(root: int, draft_logits: torch.Tensor, budget: int, max_depth: int) -> DraftTree:
-    """Chain (budget 0) or DDTree from the drafter's marginals, at most ``max_depth`` deep."""
+def draft_tree(root: int, draft_logits: torch.Tensor, budget: int, max_depth: int,
+               sampling: SamplingParams | None = None, generator: torch.Generator | None = None) -> DraftTree:
+    """Chain (budget 0) or DDTree from the drafter's marginals, at most ``max_depth`` deep.
+
+    A draft that chooses its own tokens (DFlash2's selector, ``selects_tokens``) builds its own
+    chain or tree; at T > 0 its chain draws from its sparse distribution (hence ``sampling``)."""
+    if getattr(draft_logits, "selects_tokens", False):
+        return draft_logits.build_tree(root, budget, max(max_depth, 0), sampling, generator)
     logits = draft_logits[:max_depth]
     if max_depth <= 0:
         return build_chain(root, [])
@@ -204,6 +210,11 @@ def speculative_generate(
     if bad:
         raise DFlashInputError(f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{target.vocab_size - 1}")
     stops = {int(t) for t in stop_token_ids}
+    if policy is not None and getattr(proposer, "selects_tokens", False):
+        raise DFlashInputError(
+            "the cost-aware tree ranks a drafter's marginals, and this drafter (DFlash2) chooses its own tokens: "
+            "give a fixed ddtree_budget (0 = its chain, B >= 1 = its tree)"
+        )
     generator = make_generator(sampling, target.device)
     stats = GenerationStats()
     timer = _Timer(stats, target.synchronize)
@@ -239,15 +250,22 @@ def speculative_generate(
             with timer.stage("draft"):
                 logits = proposer.propose(root, context)
             with timer.stage("tree_build"):
-                tree = draft_tree(root, logits, budget, min(max_depth, proposer.block_size - 1))
+                tree = draft_tree(root, logits, budget, min(max_depth, proposer.block_size - 1), sampling, generator)
         else:
             tree = build_chain(root, [])
         with timer.stage("tree_compile"):
             compiled = target.compile_tree(tree)
         with timer.stage("verify"):
             node_logits, features = target.verify(compiled)
-            choices = choose_tokens(node_logits, sampling, generator).cpu().numpy()
-            path, bonus = walk(tree, choices)
+            # A sampled DFlash2 chain is accepted by rejection sampling against its sparse draft
+            # distribution (None otherwise: every node's own target choice, and the walk).
+            accept = getattr(logits, "accept", None) if proposer is not None and policy is None else None
+            accepted = accept(tree, node_logits, sampling, generator) if accept is not None else None
+            if accepted is None:
+                choices = choose_tokens(node_logits, sampling, generator).cpu().numpy()
+                path, bonus = walk(tree, choices)
+            else:
+                path, bonus = accepted
         with timer.stage("commit"):
             target.commit(path)
             if features is not None:

@@ -22,6 +22,7 @@ prefix-closed, and a best-first search over rank tuples finds them in O(B log B)
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -116,33 +117,60 @@ def build_ddtree(
         raise DFlashInputError(
             f"topk_logprobs and topk_tokens must both be [depth, K]; got {lp.shape} and {tok.shape}"
         )
-    depth_limit, k = lp.shape
+    lp_rows = lp.tolist()
+    tok_rows = tok.tolist()
+    # DDTree's marginals do not depend on the parent: every node at a depth shares that depth's row.
+    return best_first_tree(root_token, budget, lp.shape[0], lambda node, token, depth: (lp_rows[depth - 1],
+                                                                                       tok_rows[depth - 1]))
+
+
+#: ``children(parent node, parent token, depth)`` -> (log-probabilities sorted non-increasing,
+#: tokens) of the parent's candidate children at ``depth`` (1-based).
+ChildRows = Callable[[int, int, int], tuple[list[float], list[int]]]
+
+
+def best_first_tree(root_token: int, budget: int, depth_limit: int, children: ChildRows) -> DraftTree:
+    """The best-first search shared by DDTree and the DFlash2 tree (``dflash2.tree``).
+
+    Pops prefixes in non-increasing path score (a left-to-right float64 sum of the
+    log-probabilities along the path), at most ``budget`` of them, each at most
+    ``depth_limit`` deep. A popped node pushes its next sibling and its own best child, so
+    the heap never holds more than two entries per node. ``children`` is asked once per
+    node that may have children; for DDTree it ignores the parent, for DFlash2 the
+    conditional depends on the parent's token. Ties are broken by the rank tuple.
+    """
     tokens = [int(root_token)]
     parents = [-1]
     depths = [0]
-    if budget <= 0 or depth_limit == 0 or k == 0 or lp[0][0] == -np.inf:
+    if budget <= 0 or depth_limit <= 0:
+        return _finish(tokens, parents, depths)
+    rows = {0: children(0, int(root_token), 1)}
+    if not rows[0][0] or rows[0][0][0] == -np.inf:
         return _finish(tokens, parents, depths)
 
-    lp_rows = lp.tolist()
-    tok_rows = tok.tolist()
     node_of_prefix: dict[tuple[int, ...], int] = {(): 0}
     # Heap entries: (-score, rank tuple, score of the prefix). The tuple breaks ties (it is unique).
-    heap: list[tuple[float, tuple[int, ...], float]] = [(-(0.0 + lp_rows[0][0]), (0,), 0.0)]
+    heap: list[tuple[float, tuple[int, ...], float]] = [(-(0.0 + rows[0][0][0]), (0,), 0.0)]
     while heap and len(tokens) <= budget:
         neg_score, ranks, prefix_score = heapq.heappop(heap)
         depth = len(ranks)
         rank = ranks[-1]
+        parent = node_of_prefix[ranks[:-1]]
+        lp_row, tok_row = rows[parent]
         node = len(tokens)
         node_of_prefix[ranks] = node
-        tokens.append(tok_rows[depth - 1][rank])
-        parents.append(node_of_prefix[ranks[:-1]])
+        tokens.append(int(tok_row[rank]))
+        parents.append(parent)
         depths.append(depth)
         score = -neg_score
-        if rank + 1 < k and lp_rows[depth - 1][rank + 1] != -np.inf:
-            sibling_score = prefix_score + lp_rows[depth - 1][rank + 1]
+        if rank + 1 < len(lp_row) and lp_row[rank + 1] != -np.inf:
+            sibling_score = prefix_score + lp_row[rank + 1]
             heapq.heappush(heap, (-sibling_score, ranks[:-1] + (rank + 1,), prefix_score))
-        if depth < depth_limit and lp_rows[depth][0] != -np.inf:
-            heapq.heappush(heap, (-(score + lp_rows[depth][0]), ranks + (0,), score))
+        if depth < depth_limit:
+            rows[node] = children(node, tokens[-1], depth + 1)
+            first = rows[node][0]
+            if first and first[0] != -np.inf:
+                heapq.heappush(heap, (-(score + first[0]), ranks + (0,), score))
     return _finish(tokens, parents, depths)
 
 

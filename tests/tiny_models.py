@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import torch
 
+from tensorrt_llm_dflash.compat import CACHE_KWARG
 from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids
 from tensorrt_llm_dflash.drafter import DFlashDraftModel
 
@@ -116,7 +117,7 @@ def full_forward(model, tokens: list[int]):
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    out = model(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+    out = model(input_ids=torch.tensor([tokens]), use_cache=True, output_hidden_states=True, **{CACHE_KWARG: cache})
     return cache, out.hidden_states, out.logits[0]
 
 
@@ -207,3 +208,54 @@ class Top2Proposer(ScriptedProposer):
             logits[(truth + 1) % self.vocab] = 10.0
             logits[truth] = 9.5
         return logits
+
+
+# ------------------------------------------------------------------------- DFlash2 drafters
+
+
+def tiny_dflash2_config(target, block_size: int = 4, layers: int = 1, layout: str = "nested", **dflash2):
+    """A DFlash2 config.json dict for ``target`` in one of z-lab's layouts: ``nested`` (block size
+    and RoPE as in Muse-Glimmer-30B-DFlash2: dflash_config.block_size, rope_parameters, sliding
+    layers) or ``flat`` (top-level rope_theta, full-attention layers)."""
+    c = target.config
+    settings = {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 8,
+                "mask_token_id": c.vocab_size - 1,
+                "target_layer_ids": build_target_layer_ids(c.num_hidden_layers, min(layers, 3))}
+    settings.update(dflash2)
+    raw = {"architectures": ["DFlash2DraftModel"], "model_type": "qwen3", "is_causal": False,
+           "hidden_size": c.hidden_size, "intermediate_size": 2 * c.hidden_size, "num_hidden_layers": layers,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": c.hidden_size // 4,
+           "vocab_size": c.vocab_size, "num_target_layers": c.num_hidden_layers, "rms_norm_eps": 1e-6,
+           "max_position_embeddings": c.max_position_embeddings, "hidden_act": "silu", "dtype": "float32"}
+    if layout == "nested":
+        settings["block_size"] = block_size
+        raw.update(rope_parameters={"rope_theta": 10000.0, "rope_type": "default"}, sliding_window=2048,
+                   layer_types=["sliding_attention"] * layers, use_sliding_window=True)
+    else:
+        raw.update(block_size=block_size, rope_theta=10000.0, layer_types=["full_attention"] * layers)
+    raw["dflash_config"] = settings
+    return raw
+
+
+def tiny_dflash2_drafter(target, block_size: int = 4, seed: int = 0, layers: int = 1, layout: str = "nested",
+                         **dflash2):
+    """A random DFlash2 drafter in the target's dtype; convolutions near identity (base tap 0 = 1) so
+    the block still carries the embeddings, and codebooks large enough that the pairwise term
+    changes the selector's choices."""
+    from tensorrt_llm_dflash.dflash2 import DFlash2Config, DFlash2DraftModel
+
+    torch.manual_seed(2000 + seed)
+    model = DFlash2DraftModel(DFlash2Config.from_dict(tiny_dflash2_config(target, block_size, layers, layout,
+                                                                          **dflash2)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("base_kernel"):
+                p.normal_(0, 0.2)
+                p[:, 0] += 1.0
+            elif "codebook" in name:
+                p.normal_(0, 1.0)
+            elif p.dim() > 1:
+                p.normal_(0, 0.2)
+            else:
+                p.uniform_(0.5, 1.5)
+    return model.to(target.dtype).eval()
