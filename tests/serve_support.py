@@ -3,11 +3,13 @@ over tiny random models (float64: greedy output is exactly transformers' greedy 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -76,6 +78,17 @@ class SlowRunner:
         self.inner.release(slot)
 
 
+@contextlib.contextmanager
+def slowed(live: LiveServer, seconds: float) -> Iterator[None]:
+    """Every step of ``live``'s :class:`SlowRunner` sleeps ``seconds`` for the duration."""
+    assert isinstance(live.runner, SlowRunner)
+    before, live.runner.seconds = live.runner.seconds, seconds
+    try:
+        yield
+    finally:
+        live.runner.seconds = before
+
+
 class LiveServer:
     """The app served by uvicorn on 127.0.0.1, a free port, in a daemon thread; ``close()`` shuts it down."""
 
@@ -83,6 +96,7 @@ class LiveServer:
                  eos_token_ids: frozenset[int] = frozenset()) -> None:
         import uvicorn
 
+        self.runner = runner
         self.engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=max_queue)
         self.app = create_app(self.engine, ServerSettings(MODEL_NAME, eos_token_ids, tokenizer))
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -137,9 +151,10 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 def tiny_server(models: TinyModels, *, rows: int, budget: int | None = None, speculative: bool = True,
-                max_queue: int = 64, slow: float = 0.0) -> LiveServer:
+                max_queue: int = 64, slow: float | None = None) -> LiveServer:
+    """``slow``: wrap the runner in a :class:`SlowRunner` (its ``seconds`` can be changed while serving)."""
     torch.set_num_threads(1)
     runner: BatchRunner = graphed_rows(models.spec(budget, speculative), rows)
-    if slow:
+    if slow is not None:
         runner = SlowRunner(runner, slow)
     return LiveServer(runner, models.tokenizer, max_queue=max_queue)

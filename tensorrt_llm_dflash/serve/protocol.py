@@ -115,21 +115,34 @@ def format_validation_error(errors: list[dict[str, Any]]) -> InvalidRequest:
         where = ".".join(str(p) for p in loc)
         what = f"{where}: " if where else "the request body: "
         return InvalidRequest(where or None, f"{what}must be a JSON object, got {show(error.get('input'))}")
-    # A union's errors carry the member's name in loc (stop.str, stop.list[str].0): keep the path a client wrote.
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "function-after")):
-            continue
-        else:
-            path += ("." if path else "") + str(part)
+    # A union's errors carry the member's name in loc (stop.str, stop.list[str].0): keep the path a client wrote,
+    # and report the member that got furthest into the value (stop=[3] is a list whose item 0 is not a string).
+    deepest = max(len(e.get("loc", ())) for e in errors)
+    candidates = [e for e in errors if len(e.get("loc", ())) == deepest]
+    error = candidates[0]
+    path = _client_path(error.get("loc", ()))
+    kind = error.get("type", "")
+    messages = [e.get("msg", "invalid") for e in candidates if _client_path(e.get("loc", ())) == path]
     if kind == "extra_forbidden":
         return InvalidRequest(path, f"{path}: unknown field (this server implements the OpenAI API's fields, "
                                     f"and top_k, stop_token_ids, skip_special_tokens)")
     if kind == "missing":
         return InvalidRequest(path, f"{path}: required field is missing")
-    return InvalidRequest(path, f"{path}={show(error.get('input'))}: {error.get('msg', 'invalid')}")
+    return InvalidRequest(path, f"{path}={show(error.get('input'))}: {' or '.join(dict.fromkeys(messages))}")
+
+
+def _client_path(loc: tuple[Any, ...]) -> str:
+    """``("body", "messages", 0, "content", "str")`` -> ``messages[0].content``: pydantic's union member names out."""
+    path = ""
+    for part in loc:
+        if part == "body" or (isinstance(part, str) and ("[" in part or part in _UNION_MEMBERS)):
+            continue
+        path += f"[{part}]" if isinstance(part, int) else ("." if path else "") + str(part)
+    return path
+
+
+#: Names pydantic puts in an error's loc for a union's members (they are not fields the client wrote).
+_UNION_MEMBERS = frozenset({"str", "int", "float", "bool", "function-after", "function-plain"})
 
 
 def refuse_unsupported(body: _Sampling) -> None:
@@ -158,12 +171,16 @@ def refuse_unsupported(body: _Sampling) -> None:
 
 
 def stop_strings(body: _Sampling) -> tuple[str, ...]:
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if isinstance(body.stop, str):
+        if not body.stop:
+            raise InvalidRequest("stop", "stop='': a stop string must not be empty")
+        return (body.stop,)
+    stops = list(body.stop or [])
     if len(stops) > MAX_STOP_STRINGS:
         raise InvalidRequest("stop", f"stop: {len(stops)} strings, at most {MAX_STOP_STRINGS} are allowed")
     for i, stop in enumerate(stops):
         if not stop:
-            raise InvalidRequest("stop", f"stop[{i}]={stop!r}: a stop string must not be empty")
+            raise InvalidRequest(f"stop[{i}]", f"stop[{i}]={stop!r}: a stop string must not be empty")
     return tuple(stops)
 
 
