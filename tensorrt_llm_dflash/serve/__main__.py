@@ -194,7 +194,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{engine.runner.max_batch}, max_queue {engine.max_queue}, max_model_len {engine.runner.max_model_len}) "
               f"at http://{bound_host}:{bound_port}", flush=True)
         config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
-        uvicorn.Server(config).run(sockets=[sock])
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        except KeyboardInterrupt:
+            # uvicorn shuts down cleanly on Ctrl-C (the engine answers what is still in flight), then re-raises the
+            # signal; stopping a server that way is the normal way, not an error.
+            print("server stopped", flush=True)
     except DFlashError as err:
         cli.print_error(err)
         return 2
