@@ -38,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from tensorrt_llm_dflash.compat import chat_token_ids, crop_cache  # noqa: E402
+
 PROMPT = '''Complete the following Python function. Return only the code.
 
 from typing import List
@@ -119,7 +121,7 @@ def verify_once(verifier, tree) -> tuple[float, float, torch.Tensor]:
     logits, _features = verifier.verify(compiled)
     verifier.synchronize()
     t2 = time.perf_counter()
-    verifier.cache.crop(verifier.past_len)
+    crop_cache(verifier.cache, verifier.past_len)
     return t1 - t0, t2 - t1, logits
 
 
@@ -256,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     from tensorrt_llm_dflash.target import HFTargetVerifier, load_target
 
     model, tokenizer = load_target(args.target_model_dir)
-    ids = list(tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True))
+    ids = chat_token_ids(tokenizer, [{"role": "user", "content": PROMPT}])
     if args.context_tokens:
         ids = (ids * (args.context_tokens // len(ids) + 1))[: args.context_tokens]
     layer_ids = [int(x) for x in args.layer_ids.split(",") if x.strip()]

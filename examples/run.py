@@ -21,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
+from tensorrt_llm_dflash.compat import chat_token_ids  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
 from tensorrt_llm_dflash.precision import guarantee, low_precision_warning  # noqa: E402
 from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
@@ -116,7 +117,7 @@ GRAPHED_DEFAULT_BUDGET = 32
 def uses_policy(args: argparse.Namespace, proposer: object | None) -> bool:
     """The default: a DFlash drafter with no fixed --ddtree_budget runs the cost-aware tree (eager runtime)."""
     return (proposer is not None and args.ddtree_budget is None and args.draft_type == "dflash"
-            and args.runtime == "eager")
+            and args.runtime == "eager" and not getattr(proposer, "selects_tokens", False))  # DFlash2: its tree
 
 
 def make_policy(args: argparse.Namespace, verifier: object, proposer: object):
@@ -137,9 +138,7 @@ def build_pytorch(args: argparse.Namespace):
     import torch
 
     from tensorrt_llm_dflash.assets import DEMO_DDTREE_BUDGET, resolve_drafter_dir
-    from tensorrt_llm_dflash.config import DFlashDraftConfig
-    from tensorrt_llm_dflash.drafter import load_dflash_drafter
-    from tensorrt_llm_dflash.proposer import DFlashProposer
+    from tensorrt_llm_dflash.dflash2 import check_drafter_dir, load_drafter, proposer_for_target
     from tensorrt_llm_dflash.target import HFTargetVerifier, load_target, target_dims
 
     dtype = getattr(torch, args.dtype)
@@ -148,13 +147,13 @@ def build_pytorch(args: argparse.Namespace):
     if args.speculative_decoding_mode == "dflash":
         draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
                                         "run with --speculative_decoding_mode none")
-        DFlashDraftConfig.from_pretrained(draft_dir)  # a malformed drafter config is refused before any load
+        check_drafter_dir(draft_dir)  # a malformed drafter (DFlash or DFlash2) is refused before any load
     model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
     proposer = None
     if draft_dir is not None:
-        drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=device)
+        drafter = load_drafter(draft_dir, dtype=dtype, device=device)
         drafter.config.validate_for_target(**target_dims(model))
-        proposer = DFlashProposer.for_target(drafter, model)
+        proposer = proposer_for_target(drafter, model)
         layer_ids = drafter.config.target_layer_ids
     else:
         layer_ids = []
@@ -166,7 +165,7 @@ def build_pytorch(args: argparse.Namespace):
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:
     if chat and getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True))
+        return chat_token_ids(tokenizer, [{"role": "user", "content": text}])
     return tokenizer(text)["input_ids"]
 
 
@@ -224,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         generate = speculative_generate
         if args.runtime == "graphed":
             from tensorrt_llm_dflash.graphed import GraphedDecoder
+
+            if getattr(proposer, "selects_tokens", False):
+                raise DFlashError("--runtime graphed runs DFlash drafters, not DFlash2: use --runtime eager")
 
             decoder = GraphedDecoder(verifier.model, proposer.model if proposer is not None else None, budget=budget)
 

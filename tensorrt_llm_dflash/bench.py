@@ -48,6 +48,7 @@ import torch
 
 from . import precision
 from .assets import ASSETS_DIR
+from .compat import chat_token_ids, generate_kwargs
 from .decode import STAGES, speculative_generate
 from .errors import DFlashConfigError, DFlashError, DFlashInputError
 from .files import atomic_write, atomic_write_text, utf8_text
@@ -296,8 +297,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, chat_template: bool) -> list[i
     if chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise BenchError("the target's tokenizer has no chat template: pass --no_chat_template")
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt.text}],
-                                                  add_generation_prompt=True))
+        return chat_token_ids(tokenizer, [{"role": "user", "content": prompt.text}])
     return list(tokenizer(prompt.text)["input_ids"])
 
 
@@ -453,8 +453,8 @@ class _StepStreamer:
         pass
 
 
-def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
-    """transformers ``generate``: plain (``hf``) or prompt lookup (``pld``)."""
+def transformers_generation_config(ctx: BenchContext, method: Method) -> Any:
+    """The GenerationConfig of a transformers method: only what is set here applies."""
     from transformers import GenerationConfig
 
     sampling = ctx.sampling
@@ -473,15 +473,25 @@ def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], s
             # an id past the vocabulary is never generated, so it means "no stop token".
             settings["eos_token_id"] = int(ctx.model.config.vocab_size)
     if method.kind == "hf-static":
+        # A static cache makes transformers compile the forward with mode="reduce-overhead" on CUDA
+        # (generation/utils.py _valid_auto_compile_criteria): minutes of compilation, and on an H100 it
+        # failed outright. This baseline is transformers' own static-cache decoding, uncompiled; the
+        # project's graphed runtime (ar-graph) is the CUDA-graph baseline.
         settings["cache_implementation"] = "static"
-    config = GenerationConfig(**settings)
+        settings["disable_compile"] = True
+    return GenerationConfig(**settings)
+
+
+def run_transformers(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
+    """transformers ``generate``: plain (``hf``), over its static cache (``hf-static``) or prompt lookup (``pld``)."""
+    config = transformers_generation_config(ctx, method)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=ctx.model.device)
     streamer = _StepStreamer()
     torch.manual_seed(seed)  # transformers samples from the global generator
     with _ForwardTimer(ctx.model) as forwards, torch.inference_mode():
         t0 = time.perf_counter()
         out = ctx.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                 streamer=streamer, use_model_defaults=False)
+                                 streamer=streamer, **generate_kwargs())
         _synchronize(ctx.model.device)
         seconds = time.perf_counter() - t0
     output = out[0, len(prompt_ids):].tolist()

@@ -221,14 +221,13 @@ class DFlashDraftConfig:
         """rope_scaling must name a RoPE type transformers knows and carry what that type needs."""
         if self.rope_scaling is None:
             return
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from .compat import rope_inv_freq, rope_type_of, rope_types
 
         scaling = self.rope_scaling
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if not isinstance(rope_type, str) or rope_type not in ROPE_INIT_FUNCTIONS:
+        rope_type = rope_type_of(scaling)
+        if not isinstance(rope_type, str) or rope_type not in rope_types():
             raise DFlashConfigError(
-                f"rope_scaling={scaling!r} is invalid: its type {rope_type!r} is not one of "
-                f"{sorted(ROPE_INIT_FUNCTIONS)}"
+                f"rope_scaling={scaling!r} is invalid: its type {rope_type!r} is not one of {rope_types()}"
             )
         if rope_type == "default":
             return
@@ -236,19 +235,14 @@ class DFlashDraftConfig:
         # parameter (factor, original_max_position_embeddings, ...) is caught here, by name.
         import logging
 
-        from transformers import Qwen3Config
-
         # transformers' own advisory warnings are logged once, when the drafter is built.
         rope_logger = logging.getLogger("transformers.modeling_rope_utils")
         level = rope_logger.level
         rope_logger.setLevel(logging.ERROR)
         try:
-            hf_config = Qwen3Config(
-                hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
-                head_dim=self.head_dim, rope_theta=self.rope_theta, rope_scaling=dict(scaling),
-                max_position_embeddings=self.max_position_embeddings,
-            )
-            ROPE_INIT_FUNCTIONS[rope_type](hf_config, None)
+            rope_inv_freq(hidden_size=self.hidden_size, num_attention_heads=self.num_attention_heads,
+                          head_dim=self.head_dim, rope_theta=self.rope_theta, rope_scaling=scaling,
+                          max_position_embeddings=self.max_position_embeddings)
         except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as err:
             raise DFlashConfigError(
                 f"rope_scaling={scaling!r} is invalid for rope type {rope_type!r}: {type(err).__name__}: {err}"
@@ -381,6 +375,17 @@ class DFlashDraftConfig:
                     "num_target_layers"
                 )
             layer_ids = build_target_layer_ids(num_target_layers, num_layers)
+        params = raw.get("rope_parameters")
+        if isinstance(params, dict) and ("rope_theta" in params or "rope_type" in params):
+            # A config written by transformers 5.x keeps RoPE only under rope_parameters; read it as the
+            # flat rope_theta / rope_scaling pair this config (and z-lab's format) uses.
+            from .compat import raw_config_rope
+
+            theta, scaling = raw_config_rope(raw)
+            raw.pop("rope_parameters")
+            if theta is not None:
+                raw["rope_theta"] = theta
+            raw["rope_scaling"] = scaling
         known = {f for f in cls.__dataclass_fields__ if f != "extra"}
         kwargs: dict[str, Any] = {}
         extra: dict[str, Any] = {}

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .compat import rope_inv_freq
 from .config import DFlashDraftConfig
 from .errors import DFlashConfigError
 from .files import atomic_save_safetensors
@@ -59,21 +60,21 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config: DFlashDraftConfig) -> None:
         super().__init__()
-        from transformers import Qwen3Config
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        hf_config = Qwen3Config(
-            hidden_size=config.hidden_size,
-            num_attention_heads=config.num_attention_heads,
-            head_dim=config.head_dim,
-            rope_theta=config.rope_theta,
-            rope_scaling=config.rope_scaling,
+        inv_freq, self.attention_scaling = rope_inv_freq(
+            hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+            head_dim=config.head_dim, rope_theta=config.rope_theta, rope_scaling=config.rope_scaling,
             max_position_embeddings=config.max_position_embeddings,
         )
-        scaling = config.rope_scaling or {}
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, None)
         self.register_buffer("inv_freq", inv_freq.to(torch.float64), persistent=False)
+
+    def _apply(self, fn: Any, recurse: bool = True) -> RotaryEmbedding:
+        # model.to(dtype) / .bfloat16() cast every floating buffer, and bf16 frequencies turn the angle at
+        # position p into p * round(inv_freq): 0.14 rad off at position 100, 2.8 rad at 2000. Follow the
+        # move to another device, never the cast: the frequencies stay float64.
+        exact = self.inv_freq
+        super()._apply(fn, recurse)
+        self.inv_freq = exact.to(device=self.inv_freq.device)
+        return self
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin of shape [..., positions, head_dim] for integer ``positions``."""

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .compat import CACHE_KWARG
 from .errors import DFlashConfigError
 from .target import HFTargetVerifier
 
@@ -191,8 +192,9 @@ class _ContextView:
     def __init__(self, context: ContextKV) -> None:
         self.context = context
 
+    # The rest of the call differs by release (4.57: cache_kwargs; 5.2x: kwargs=...) and is not needed here.
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         k, v = self.context.keys[layer_idx], self.context.values[layer_idx]
         return torch.cat([k.to(key_states.dtype), key_states], 2), torch.cat([v.to(value_states.dtype), value_states], 2)
 
@@ -339,7 +341,7 @@ class DFlashLoRAInjectDraftModel(nn.Module):
         view = _ContextView(context)
         outputs = []
         for layer in self.layers:
-            x = layer(x, attention_mask=mask, past_key_values=view, position_embeddings=rope)
+            x = layer(x, attention_mask=mask, position_embeddings=rope, **{CACHE_KWARG: view})
             outputs.append(x)
         out = self._shared["norm"](x)
         return (out, outputs) if return_layer_outputs else out

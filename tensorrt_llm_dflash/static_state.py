@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .compat import CACHE_KWARG
 from .drafter import DFlashDraftModel, apply_rope
 from .errors import DFlashInputError
 from .target import _sliding_window, max_positions
@@ -42,8 +43,10 @@ class _RowSlotLayer(CacheLayerMixin):
         self.keys, self.values, self.owner = keys, values, owner
         self.is_initialized = True
 
-    def lazy_initialization(self, key_states: torch.Tensor) -> None:  # preallocated: nothing to do
-        return None
+    # The signatures below take what both transformers 4.57 and 5.x pass (cache_utils.py: 5.x calls
+    # lazy_initialization(key, value) and get_mask_sizes(query_length), and makes get_max_length abstract).
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor | None = None) -> None:
+        return None  # preallocated: nothing to do
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
                cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,8 +56,11 @@ class _RowSlotLayer(CacheLayerMixin):
         self.values.scatter_(2, index, value_states.to(self.values.dtype))
         return self.keys, self.values
 
-    def get_mask_sizes(self, cache_position: torch.Tensor) -> tuple[int, int]:
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         return self.keys.shape[2], 0
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
 
     def get_seq_length(self) -> int:  # never asked: the runtime passes cache_position and a 4-D mask
         raise NotImplementedError("the static runtime passes cache_position; get_seq_length would read the device")
@@ -148,8 +154,8 @@ class StaticTarget:
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: Any,
              features: bool, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.cache.write_slots = slots
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache,
-                         cache_position=slots[0], use_cache=True, output_hidden_states=bool(features and self.layer_ids),
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
+                         cache_position=slots[0], use_cache=True, **{CACHE_KWARG: self.cache}, output_hidden_states=bool(features and self.layer_ids),
                          logits_to_keep=1 if last_only else 0)
         feats = None
         if features and self.layer_ids:

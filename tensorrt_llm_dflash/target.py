@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .compat import CACHE_KWARG, crop_cache, drop_gguf_quantizer
 from .errors import DFlashConfigError, DFlashInputError
 from .kernels import compact_tail_
 from .tree import DraftTree, compaction_indices, visibility
@@ -127,20 +128,25 @@ def check_target_config(directory: Path) -> dict[str, Any]:
                 f"target config {path}: {name}={shown} is invalid: it must be a positive integer{found}"
             )
     scaling = raw.get("rope_scaling")
+    field = "rope_scaling"
+    if scaling is None and raw.get("rope_parameters") is not None:  # transformers 5.x writes only this
+        scaling, field = raw["rope_parameters"], "rope_parameters"
     if scaling is not None:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from .compat import rope_type_of, rope_types
 
         if not isinstance(scaling, dict):
             raise DFlashConfigError(
-                f"target config {path}: rope_scaling={scaling!r} is invalid: it must be an object or null, "
+                f"target config {path}: {field}={scaling!r} is invalid: it must be an object or null, "
                 f"not {json_kind(scaling)}"
             )
-        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-        if not isinstance(rope_type, str) or rope_type not in (*ROPE_INIT_FUNCTIONS, *_LEGACY_ROPE_TYPES):
-            raise DFlashConfigError(
-                f"target config {path}: rope_scaling={scaling!r} is invalid: its type {rope_type!r} is not one "
-                f"of {sorted(ROPE_INIT_FUNCTIONS)}"
-            )
+        nested = [v for v in scaling.values() if isinstance(v, dict)]
+        for entry in nested if nested and len(nested) == len(scaling) else [scaling]:  # 5.x: per layer type
+            rope_type = rope_type_of(entry)
+            if not isinstance(rope_type, str) or rope_type not in (*rope_types(), *_LEGACY_ROPE_TYPES):
+                raise DFlashConfigError(
+                    f"target config {path}: {field}={scaling!r} is invalid: its type {rope_type!r} is not one "
+                    f"of {rope_types()}"
+                )
     return raw
 
 
@@ -228,6 +234,8 @@ def load_target(
         model = AutoModelForCausalLM.from_pretrained(
             str(directory), dtype=dtype, attn_implementation="sdpa", **kwargs
         )
+    if gguf is not None:
+        drop_gguf_quantizer(model)  # dequantized already: a user may save it like any other model
     return model.to(device).eval(), tokenizer
 
 
@@ -340,7 +348,7 @@ class HFTargetVerifier:
     def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         self.cache = self._cache_cls()
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        out = self._forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = self._forward(input_ids=ids, use_cache=True, logits_to_keep=1, **{CACHE_KWARG: self.cache})
         self.past_len = len(prompt_ids)
         return out.logits[0, -1], self._features()
 
@@ -377,7 +385,7 @@ class HFTargetVerifier:
             input_ids=compiled["input_ids"],
             position_ids=compiled["position_ids"],
             attention_mask=compiled["attention_mask"],
-            past_key_values=self.cache,
+            **{CACHE_KWARG: self.cache},
             cache_position=cache_position,
             use_cache=True,
         )
@@ -392,7 +400,7 @@ class HFTargetVerifier:
                 compact_tail_(layer.keys, self.past_len, accepted_nodes)
                 compact_tail_(layer.values, self.past_len, accepted_nodes)
         self.past_len += kept
-        self.cache.crop(self.past_len)
+        crop_cache(self.cache, self.past_len)
 
     def cache_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(keys, values) per layer, each [1, kv_heads, past_len, head_dim] (for tests)."""
@@ -541,6 +549,14 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
     """
     if attention_mask is not None and attention_mask.ndim == 4:
         attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+    if query.shape[2] == 1:
+        # One query row: transformers 5.2x packs the query heads onto the K/V heads itself (pack_gqa, no
+        # copy) where 4.57 repeated K/V; either way its own function is what a plain step runs, so a
+        # one-node verify stays bit-identical to it on every release.
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **_kwargs)
     if is_causal is None:
         is_causal = query.shape[2] > 1 and attention_mask is None and getattr(module, "is_causal", True)
     groups = int(getattr(module, "num_key_value_groups", 1))

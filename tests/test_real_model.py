@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tensorrt_llm_dflash.compat import chat_token_ids
+
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Write a Python function that adds two numbers."
 
@@ -37,9 +39,9 @@ def run_cli(tmp_path: Path, *extra: str) -> dict:
 
 def hf_greedy(smollm2, n: int) -> list[int]:
     model, tok = smollm2
-    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt")
+    ids = torch.tensor([chat_token_ids(tok, [{"role": "user", "content": PROMPT}])])
     with torch.inference_mode():
-        out = model.generate(ids, max_new_tokens=n, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
     return out[0, ids.shape[1]:].tolist()
 
 

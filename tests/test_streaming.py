@@ -234,11 +234,16 @@ def test_transient_divergence_recovers(byte_fallback):
 def test_hold_back_rule(smollm2):
     det = IncrementalDetokenizer(smollm2)
     ids = smollm2.encode("I do n't", add_special_tokens=False)
+    go = smollm2.encode(" go\n", add_special_tokens=False)
     *head, last = ids
-    assert det.push(head) == "I do"  # " n" is held: clean-up deletes its space once "'t" arrives
-    assert smollm2.decode(ids) == "I don't"
-    assert det.push([last]) == ""
-    assert det.push(smollm2.encode(" go\n", add_special_tokens=False)) == "n't go\n"  # a newline ends a line
+    # " n" is held: where the tokenizer cleans up spaces (transformers 4.57 does, "I don't"; 5.x no
+    # longer does, "I do n't") its space may vanish once "'t" arrives.
+    assert det.push(head) == "I do"
+    tail = det.push([last])
+    assert tail in ("", "n't", " n't")
+    tail += det.push(go)
+    assert tail.endswith("'t go\n")  # a newline ends a line: nothing is held past it
+    assert "I do" + tail == smollm2.decode(ids + go)
     assert det.push(smollm2.encode("你好", add_special_tokens=False)) == "你好"  # a complete non-ASCII char
     assert det.flush() == ""
     assert IncrementalDetokenizer(smollm2).flush() == "" and det.push([]) == ""

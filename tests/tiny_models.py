@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import torch
 
+from tensorrt_llm_dflash.compat import CACHE_KWARG
 from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids
 from tensorrt_llm_dflash.drafter import DFlashDraftModel
 
@@ -116,7 +117,7 @@ def full_forward(model, tokens: list[int]):
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    out = model(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True, output_hidden_states=True)
+    out = model(input_ids=torch.tensor([tokens]), use_cache=True, output_hidden_states=True, **{CACHE_KWARG: cache})
     return cache, out.hidden_states, out.logits[0]
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..compat import CACHE_KWARG, chat_token_ids, output_cache
 from ..errors import DFlashConfigError, DFlashInputError
 from ..files import atomic_torch_save, atomic_write_json, remove_stale_temporaries
 from .datasets import (
@@ -59,7 +60,7 @@ class Sequence:
 
 def chat_prompt_ids(tokenizer: Any, prompt: str) -> list[int]:
     messages = [{"role": "user", "content": prompt}]
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+    return chat_token_ids(tokenizer, messages)
 
 
 @dataclass
@@ -103,7 +104,7 @@ def generate_with_hidden_states(
     rows_feats = [[feats[row, width - len(p):]] for row, p in enumerate(prompt_ids)]
     rows_final = [[finals[row, width - len(p):]] for row, p in enumerate(prompt_ids)]
     answers: list[list[int]] = [[] for _ in prompt_ids]
-    cache = out.past_key_values
+    cache = output_cache(out)
     active = torch.arange(len(prompt_ids), device=device)  # batch row -> prompt index
     next_tokens = out.logits[:, -1].argmax(-1)
     next_pos = positions[:, -1] + 1
@@ -121,12 +122,12 @@ def generate_with_hidden_states(
             active, next_tokens, next_pos, attn = active[rows], next_tokens[rows], next_pos[rows], attn[rows]
         attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
         out = model(input_ids=next_tokens[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                    past_key_values=cache, use_cache=True, output_hidden_states=True)
+                    use_cache=True, output_hidden_states=True, **{CACHE_KWARG: cache})
         feats, finals = _layer_features(out.hidden_states, layer_ids)
         for row, index in enumerate(active.tolist()):
             rows_feats[index].append(feats[row])
             rows_final[index].append(finals[row])
-        cache = out.past_key_values
+        cache = output_cache(out)
         next_tokens = out.logits[:, -1].argmax(-1)
         next_pos = next_pos + 1
     results = []

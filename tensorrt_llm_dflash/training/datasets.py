@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..compat import chat_token_ids
 from ..errors import DFlashInputError
 from ..files import utf8_text
 
@@ -286,10 +287,7 @@ def template_errors() -> Iterator[None]:
 
 def render(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool) -> list[int]:
     """Token ids of ``messages`` through the target's chat template."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # a BatchEncoding from some tokenizers
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    return chat_token_ids(tokenizer, messages, add_generation_prompt=add_generation_prompt)
 
 
 @dataclass(frozen=True)

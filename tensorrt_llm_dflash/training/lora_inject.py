@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..compat import CACHE_KWARG
 from ..errors import DFlashConfigError
 from ..lora_inject import ContextKV, DFlashLoRAInjectDraftModel
 from .data import Sequence, readable_shards, shard_loss_masks
@@ -74,7 +75,7 @@ class OnlineDFlashLoRAInjectModel(nn.Module):
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        self._decoder(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        self._decoder(input_ids=input_ids, use_cache=True, **{CACHE_KWARG: cache})
         return ContextKV.from_cache(cache)
 
     def forward(

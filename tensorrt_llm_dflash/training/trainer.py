@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..compat import config_rope
 from ..config import DFlashDraftConfig, build_target_layer_ids
 from ..drafter import DFlashDraftModel, save_dflash_drafter
 from ..errors import DFlashConfigError
@@ -90,13 +91,16 @@ def make_drafter_config(
         raise DFlashConfigError(f"mask_token_id={mask_token_id} is outside the target vocabulary 0..{c.vocab_size - 1}")
     heads = int(c.num_attention_heads)
     head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+    # The target's own RoPE: transformers 5.x configs keep it only in rope_parameters (no rope_theta
+    # attribute, rope_scaling an alias that is never None), so read it through compat.
+    rope_theta, rope_scaling = config_rope(c)
     return DFlashDraftConfig(
         hidden_size=int(c.hidden_size), intermediate_size=int(c.intermediate_size), num_hidden_layers=num_layers,
         num_attention_heads=heads, num_key_value_heads=int(getattr(c, "num_key_value_heads", heads)),
         head_dim=head_dim, vocab_size=int(c.vocab_size), block_size=block_size, mask_token_id=mask_token_id,
         target_layer_ids=build_target_layer_ids(lt, num_feature_layers), num_target_layers=lt,
-        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=float(getattr(c, "rope_theta", 1e6)),
-        rope_scaling=getattr(c, "rope_scaling", None), max_position_embeddings=int(c.max_position_embeddings),
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=rope_theta,
+        rope_scaling=rope_scaling, max_position_embeddings=int(c.max_position_embeddings),
         draft_vocab_size=draft_vocab_size,
     )
 

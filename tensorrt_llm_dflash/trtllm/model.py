@@ -125,15 +125,13 @@ def _rotate_half(x: Tensor, head_size: int) -> Tensor:
 
 def rotary_tables(sub: dict[str, Any]) -> tuple[np.ndarray, float]:
     """inv_freq [d/2] and attention scaling, computed like drafter.RotaryEmbedding (transformers'
-    ROPE_INIT_FUNCTIONS), so every rope_scaling type the PyTorch runtime knows is the same here."""
-    from transformers import Qwen3Config
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    ROPE_INIT_FUNCTIONS, through compat.rope_inv_freq), so every rope_scaling type the PyTorch runtime knows is the same here."""
+    from ..compat import rope_inv_freq
 
-    hf = Qwen3Config(hidden_size=sub["hidden_size"], num_attention_heads=sub["num_attention_heads"],
-                     head_dim=sub["head_size"], rope_theta=sub["rotary_base"], rope_scaling=sub["rotary_scaling"],
-                     max_position_embeddings=sub["max_position_embeddings"])
-    scaling = sub["rotary_scaling"] or {}
-    inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[scaling.get("rope_type", scaling.get("type", "default"))](hf, None)
+    inv_freq, attention_scaling = rope_inv_freq(
+        hidden_size=sub["hidden_size"], num_attention_heads=sub["num_attention_heads"], head_dim=sub["head_size"],
+        rope_theta=sub["rotary_base"], rope_scaling=sub["rotary_scaling"],
+        max_position_embeddings=sub["max_position_embeddings"])
     return inv_freq.double().numpy(), float(attention_scaling)
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ..compat import raw_config_rope
 from ..config import DFlashDraftConfig
 from ..errors import DFlashConfigError
 from .constants import ARCHITECTURE, MAX_ENGINE_DRAFT_LEN
@@ -188,6 +189,7 @@ def trtllm_config(
             f"max_draft_len={max_draft_len!r} is out of range {drafter.block_size - 1}..{MAX_ENGINE_DRAFT_LEN} "
             f"(block_size - 1 for the chain, at most {MAX_ENGINE_DRAFT_LEN} in a TensorRT-LLM engine)"
         )
+    _hf_rope = raw_config_rope(hf)
     config: dict[str, Any] = {
         "architecture": ARCHITECTURE,
         "dtype": dtype,
@@ -203,8 +205,9 @@ def trtllm_config(
         "norm_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
         "position_embedding_type": "rope_gpt_neox",
         "max_position_embeddings": int(hf.get("max_position_embeddings", 2048)),
-        "rotary_base": float(hf.get("rope_theta", 10000.0)),
-        "rotary_scaling": hf.get("rope_scaling"),
+        # transformers 5.x writes RoPE only under rope_parameters; raw_config_rope reads either layout.
+        "rotary_base": float(_hf_rope[0] if _hf_rope[0] is not None else 10000.0),
+        "rotary_scaling": _hf_rope[1],
         "attn_bias": target.attn_bias,
         "mlp_bias": bool(hf.get("mlp_bias", False)),
         "qk_layernorm": target.qk_layernorm,
