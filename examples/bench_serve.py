@@ -1,0 +1,415 @@
+#!/usr/bin/env python
+"""Benchmark the server under load: N concurrent streaming clients, for AR and the default, in one run.
+
+    python examples/bench_serve.py --methods ar default --concurrency 1 2 4 8 16 \\
+        --datasets humaneval chat --num_prompts 8 --max_tokens 128 --threads 2 --output_json bench_serve.json
+
+For each method the script starts ``python -m tensorrt_llm_dflash.serve`` on a free loopback port (the
+method's flags added: ar = --speculative_decoding_mode none, default = none, dflash = --ddtree_budget 0,
+ddtree:B = --ddtree_budget B), sends one untimed warm-up request, then at each concurrency C runs C
+client tasks that take the prompts (HumanEval and chat prompts interleaved, the same prompts at every
+concurrency) from one queue, each as a streaming /v1/chat/completions request, and stops the server.
+With --url it benchmarks a server that is already running instead (one method, named by --methods).
+
+Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to
+first token (mean, p50, p90), per-request tokens/s (a request's tokens over its latency), tau. At
+temperature 0 every answer is compared with AR's answer to the same prompt at the same concurrency, and
+each method's answers across concurrencies; in float32/float64 a difference is an error (exit code 1).
+Writes one JSON file and prints a table. The clients run on the same machine as the server and take
+some of its CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tensorrt_llm_dflash import cli  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError, DFlashInputError  # noqa: E402
+
+DTYPES = ["float32", "bfloat16", "float16", "float64"]
+#: Seconds to wait for a server to load its models and measure its cost curve (the embedded pair on a CPU:
+#: well under a minute; a big model on a GPU: minutes).
+DEFAULT_SERVER_TIMEOUT = 900
+READY = re.compile(r" at (http://\S+)$")
+
+
+def method_flags(method: str) -> list[str]:
+    """The server flags of a method name (ar, default, dflash, ddtree:B)."""
+    if method == "ar":
+        return ["--speculative_decoding_mode", "none"]
+    if method == "default":
+        return []
+    if method == "dflash":
+        return ["--ddtree_budget", "0"]
+    kind, _, budget = method.partition(":")
+    if kind == "ddtree" and budget.isdigit() and int(budget) >= 1:
+        return ["--ddtree_budget", budget]
+    raise DFlashInputError(f"method {method!r} is not one of ar, default, dflash, ddtree:B (B >= 1)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", nargs="+", default=["ar", "default"],
+                    help="ar, default, dflash, ddtree:B; with --url, one name for the running server")
+    ap.add_argument("--concurrency", type=cli.integer(1, 1024), nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--datasets", nargs="+", default=["humaneval", "chat"],
+                    help="'humaneval', 'chat' or .jsonl files of {\"prompt\": ...}; their prompts are interleaved")
+    ap.add_argument("--num_prompts", type=cli.integer(1), default=8, help="the first N prompts of each dataset")
+    ap.add_argument("--max_tokens", type=cli.integer(1, 1 << 20), default=128)
+    ap.add_argument("--temperature", type=cli.number(0.0, 2.0), default=0.0)
+    ap.add_argument("--seed", type=cli.seed, default=0, help="prompt i is sampled with seed + i (temperature > 0)")
+    ap.add_argument("--url", default=None, help="benchmark this running server (http://host:port) instead")
+    server = ap.add_argument_group("the servers this script starts (python -m tensorrt_llm_dflash.serve)")
+    server.add_argument("--target_model_dir", type=cli.existing_path, default=None)
+    server.add_argument("--draft_model_dir", type=cli.existing_dir, default=None)
+    server.add_argument("--dtype", choices=DTYPES, default="float32")
+    server.add_argument("--device", type=cli.device, default=None)
+    server.add_argument("--threads", type=cli.threads, default=None, help="the server's torch CPU threads")
+    server.add_argument("--max_batch_size", type=cli.integer(1, 256), default=1)
+    server.add_argument("--server_timeout", type=cli.integer(1), default=DEFAULT_SERVER_TIMEOUT,
+                        help="seconds to wait for a server to be ready")
+    ap.add_argument("--no_warmup", action="store_true", help="no untimed request before the first level")
+    ap.add_argument("--output_json", type=cli.output_file, default="bench_serve.json")
+    args = ap.parse_args(argv)
+    for method in args.methods:
+        try:
+            method_flags(method)
+        except DFlashInputError as err:
+            if args.url is None:
+                cli.refuse(ap, "--methods", str(err))
+    if args.url is not None:
+        if not re.fullmatch(r"https?://[^/\s]+", args.url):
+            cli.refuse(ap, "--url", f"must be http://host:port, got {args.url!r}")
+        if len(args.methods) != 1:
+            cli.refuse(ap, "--methods", "with --url, give one name for the running server")
+    if len(set(args.methods)) != len(args.methods):
+        cli.refuse(ap, "--methods", f"names a method twice: {args.methods}")
+    if len(set(args.concurrency)) != len(args.concurrency):
+        cli.refuse(ap, "--concurrency", f"names a level twice: {args.concurrency}")
+    cli.require_module(ap, "--methods", "openai", "pip install -r requirements-dev.txt")
+    return args
+
+
+# ------------------------------------------------------------------------------------- prompts
+
+
+@dataclass
+class BenchPrompt:
+    index: int
+    dataset: str
+    text: str
+
+
+def load_prompts(datasets: list[str], num_prompts: int) -> list[BenchPrompt]:
+    """The first ``num_prompts`` text prompts of each dataset, interleaved (a, b, a, b, ...)."""
+    from tensorrt_llm_dflash.bench import load_prompts as load
+
+    per_dataset = []
+    for dataset in datasets:
+        prompts = load(dataset, num_prompts)
+        if any(p.text is None for p in prompts):
+            raise DFlashInputError(f"--datasets {dataset!r}: token-id prompts cannot be sent as chat messages")
+        per_dataset.append([(dataset, p.text) for p in prompts])
+    out: list[BenchPrompt] = []
+    for i in range(max(len(p) for p in per_dataset)):
+        for prompts in per_dataset:
+            if i < len(prompts):
+                out.append(BenchPrompt(len(out), *prompts[i]))
+    return out
+
+
+# ------------------------------------------------------------------------------------- the server
+
+
+class ServerProcess:
+    """``python -m tensorrt_llm_dflash.serve`` on a free loopback port; its output goes to ``log``."""
+
+    def __init__(self, flags: list[str], log: Path, timeout: float) -> None:
+        command = [sys.executable, "-m", "tensorrt_llm_dflash.serve", "--port", "0", "--log_level", "warning",
+                   *flags]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.command, self.log = command, log
+        self._log_file = open(log, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                        stderr=self._log_file, text=True)
+        self.ready_line: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.1):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                why = "exited" if self.process.poll() is not None else f"was not ready after {timeout:.0f} s"
+                self.stop()
+                raise DFlashError(f"the server {why}: {' '.join(command)}\n{self.log_tail()}")
+        match = READY.search(self.ready_line or "")
+        assert match is not None
+        self.url = match.group(1)
+
+    def _read_stdout(self) -> None:
+        # Drained to the end: a full pipe would block the server.
+        for line in self.process.stdout:
+            self._log_file.write(line)
+            self._log_file.flush()
+            if self.ready_line is None and READY.search(line.strip()):
+                self.ready_line = line.strip()
+                self._ready.set()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self._log_file.closed:
+            self._log_file.flush()
+        return "\n".join(self.log.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self._log_file.close()
+
+
+# ------------------------------------------------------------------------------------- clients
+
+
+@dataclass
+class RequestResult:
+    prompt: int
+    dataset: str
+    seconds: float = 0.0
+    time_to_first_token: float | None = None
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    text: str = ""
+    steps: int = 0
+    committed: int = 0
+    error: str | None = None
+
+
+async def one_request(client: Any, model: str, prompt: BenchPrompt, args: argparse.Namespace) -> RequestResult:
+    result = RequestResult(prompt.index, prompt.dataset)
+    start = time.perf_counter()
+    parts: list[str] = []
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt.text}], max_tokens=args.max_tokens,
+            temperature=args.temperature, seed=args.seed + prompt.index if args.temperature > 0 else None,
+            stream=True, stream_options={"include_usage": True})
+        async for chunk in stream:
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    if result.time_to_first_token is None:
+                        result.time_to_first_token = time.perf_counter() - start
+                    parts.append(choice.delta.content)
+                if choice.finish_reason:
+                    result.finish_reason = choice.finish_reason
+                    stats = (chunk.model_extra or {}).get("dflash", {})
+                    result.steps = int(stats.get("steps", 0))
+                    result.committed = int(sum(stats.get("acceptance_lengths", [])))
+            if chunk.usage is not None:
+                result.completion_tokens = chunk.usage.completion_tokens
+    except Exception as err:  # noqa: BLE001 - a failed request is a result to report, not a crash
+        result.error = f"{type(err).__name__}: {err}"
+    result.seconds = time.perf_counter() - start
+    result.text = "".join(parts)
+    return result
+
+
+async def run_level(url: str, model: str, prompts: list[BenchPrompt], concurrency: int,
+                    args: argparse.Namespace) -> tuple[float, list[RequestResult]]:
+    """``concurrency`` clients take the prompts from one queue; (wall seconds, results in prompt order)."""
+    import openai
+
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+    queue: asyncio.Queue[BenchPrompt] = asyncio.Queue()
+    for prompt in prompts:
+        queue.put_nowait(prompt)
+    results: list[RequestResult] = []
+
+    async def client_loop() -> None:
+        while not queue.empty():
+            results.append(await one_request(client, model, queue.get_nowait(), args))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    await client.close()
+    return wall, sorted(results, key=lambda r: r.prompt)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize_level(wall: float, results: list[RequestResult]) -> dict[str, Any]:
+    ok = [r for r in results if r.error is None]
+    ttft = [r.time_to_first_token for r in ok if r.time_to_first_token is not None]
+    tokens = sum(r.completion_tokens for r in ok)
+    steps = sum(r.steps for r in ok)
+    return {
+        "requests": len(results),
+        "errors": [f"prompt {r.prompt}: {r.error}" for r in results if r.error is not None],
+        "wall_seconds": wall,
+        "completion_tokens": tokens,
+        "total_tokens_per_second": tokens / wall if wall > 0 else 0.0,
+        "ttft_mean_seconds": statistics.fmean(ttft) if ttft else None,
+        "ttft_p50_seconds": percentile(ttft, 0.5),
+        "ttft_p90_seconds": percentile(ttft, 0.9),
+        "request_tokens_per_second_mean": statistics.fmean(
+            [r.completion_tokens / r.seconds for r in ok if r.seconds > 0]) if ok else None,
+        "tau": sum(r.committed for r in ok) / steps if steps else None,
+    }
+
+
+# ------------------------------------------------------------------------------------- the run
+
+
+def server_flags(args: argparse.Namespace, method: str) -> list[str]:
+    """The server's command-line flags for ``method``; the queue holds every client of the largest level."""
+    flags = ["--dtype", args.dtype, "--max_batch_size", str(args.max_batch_size),
+             "--max_queue", str(max(args.concurrency))]
+    names = ["target_model_dir", "device", "threads"] + ([] if method == "ar" else ["draft_model_dir"])
+    for name in names:
+        value = getattr(args, name)
+        if value is not None:
+            flags += [f"--{name}", str(value)]
+    return [*flags, *method_flags(method)]
+
+
+def served_model(url: str) -> str:
+    import httpx
+
+    return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def bench_method(url: str, prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
+    model = served_model(url)
+    if not args.no_warmup:  # the first request pays for lazy start-up work (allocation, caches)
+        warm = argparse.Namespace(**{**vars(args), "max_tokens": min(16, args.max_tokens)})
+        asyncio.run(run_level(url, model, prompts[:1], 1, warm))
+    levels: dict[str, Any] = {}
+    for concurrency in args.concurrency:
+        wall, results = asyncio.run(run_level(url, model, prompts, concurrency, args))
+        summary = summarize_level(wall, results)
+        levels[str(concurrency)] = {"summary": summary, "requests": [asdict(r) for r in results]}
+        print(f"  concurrency {concurrency}: {summary['total_tokens_per_second']:.1f} tok/s, "
+              f"TTFT {fmt(summary['ttft_mean_seconds'], '.2f')} s, {len(summary['errors'])} errors", flush=True)
+    return {"model": model, "levels": levels}
+
+
+def compare(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    """Speedups against AR, and at temperature 0 whether answers equal AR's and stay equal across concurrency.
+
+    Returns the differences that fail the run (float32/float64 at temperature 0)."""
+    from tensorrt_llm_dflash.precision import is_exact
+
+    problems: list[str] = []
+    greedy = args.temperature == 0
+    for method, data in results.items():
+        levels = data["levels"]
+        texts = {c: [r["text"] for r in level["requests"]] for c, level in levels.items()}
+        for c, level in levels.items():
+            summary = level["summary"]
+            if summary["errors"]:
+                problems.append(f"{method} at concurrency {c}: {len(summary['errors'])} failed requests")
+            if "ar" in results and method != "ar" and c in results["ar"]["levels"]:
+                ar = results["ar"]["levels"][c]
+                base = ar["summary"]["total_tokens_per_second"]
+                summary["speedup_vs_ar"] = summary["total_tokens_per_second"] / base if base else None
+                if greedy:
+                    ar_texts = [r["text"] for r in ar["requests"]]
+                    same = sum(a == b for a, b in zip(texts[c], ar_texts))
+                    summary["outputs_equal_ar"] = f"{same}/{len(ar_texts)}"
+                    if same != len(ar_texts) and is_exact(args.dtype):
+                        problems.append(f"{method} at concurrency {c}: {len(ar_texts) - same} answers differ from AR")
+            if greedy:
+                first = next(iter(texts))
+                same = sum(a == b for a, b in zip(texts[c], texts[first]))
+                summary["outputs_equal_concurrency_" + first] = f"{same}/{len(texts[first])}"
+                if same != len(texts[first]) and is_exact(args.dtype):
+                    problems.append(f"{method}: answers at concurrency {c} differ from concurrency {first}")
+    return problems
+
+
+def fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = ["| method | concurrency | requests | total tok/s | vs AR | TTFT mean (s) | TTFT p90 (s) | "
+             "per-request tok/s | tau | answers == AR |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for method, data in results.items():
+        for c, level in data["levels"].items():
+            s = level["summary"]
+            lines.append(f"| {method} | {c} | {s['requests']} | {s['total_tokens_per_second']:.1f} | "
+                         f"{fmt(s.get('speedup_vs_ar'), '.2f')} | {fmt(s['ttft_mean_seconds'], '.2f')} | "
+                         f"{fmt(s['ttft_p90_seconds'], '.2f')} | {fmt(s['request_tokens_per_second_mean'], '.1f')} | "
+                         f"{fmt(s['tau'], '.2f')} | {s.get('outputs_equal_ar', '-')} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tensorrt_llm_dflash.bench import git_commit, machine_info
+    from tensorrt_llm_dflash.files import atomic_write_json
+
+    try:
+        prompts = load_prompts(args.datasets, args.num_prompts)
+        report: dict[str, Any] = {
+            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+            "settings": {k: v for k, v in vars(args).items()},
+            "machine": machine_info(args.threads), "git_commit": git_commit(),
+            "prompts": [asdict(p) for p in prompts], "servers": {}, "results": {}}
+        for method in args.methods:
+            print(f"{method}:", flush=True)
+            if args.url is not None:
+                report["results"][method] = bench_method(args.url, prompts, args)
+                continue
+            log = Path(tempfile.gettempdir()) / f"bench_serve.{os.getpid()}.{method.replace(':', '_')}.log"
+            server = ServerProcess(server_flags(args, method), log, args.server_timeout)
+            try:
+                report["servers"][method] = {"command": " ".join(server.command), "ready": server.ready_line}
+                report["results"][method] = bench_method(server.url, prompts, args)
+            finally:
+                server.stop()
+            log.unlink(missing_ok=True)
+        problems = compare(report["results"], args)
+        report["problems"] = problems
+        atomic_write_json(args.output_json, report)
+    except DFlashError as err:
+        cli.print_error(err)
+        return 2
+    print()
+    print(table(report["results"]))
+    print(f"\nwrote {args.output_json}")
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

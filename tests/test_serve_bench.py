@@ -1,0 +1,96 @@
+"""examples/bench_serve.py in tiny mode, so that it cannot rot: it starts a server per method on loopback, runs
+each concurrency level with streaming clients over HumanEval and chat prompts, and writes the JSON and the table;
+at temperature 0 in float32 the default's answers equal AR's at every concurrency. Also against a running
+server (--url), and its flag checks."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+from example_cli import EXAMPLES
+from serve_support import TinyModels, tiny_server
+from tiny_dirs import save_tiny_target_dir
+from tiny_models import tiny_drafter
+
+
+@pytest.fixture(scope="module")
+def bench():
+    # Registered in sys.modules: its dataclasses look their module up there (example_cli's loader does not).
+    spec = importlib.util.spec_from_file_location("bench_serve_example", EXAMPLES / "bench_serve.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.target import load_target
+
+    root = tmp_path_factory.mktemp("bench_serve")
+    # 2048 positions: a HumanEval prompt is a few hundred characters, one token each here.
+    target_dir = save_tiny_target_dir(root / "target", arch="qwen3", seed=2, layers=2, max_positions=2048)
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    save_dflash_drafter(tiny_drafter(model, block_size=4, seed=2), root / "drafter", dtype=torch.float32)
+    return target_dir, root / "drafter"
+
+
+def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model_dirs, tmp_path, capsys):
+    target_dir, drafter_dir = model_dirs
+    out = tmp_path / "serve.json"
+    rc = bench.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
+                     "--methods", "ar", "default", "--concurrency", "1", "3", "--num_prompts", "2",
+                     "--max_tokens", "12", "--threads", "1", "--max_batch_size", "2", "--output_json", str(out)])
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, captured.out + captured.err
+    report = json.loads(out.read_text())
+    assert [p["dataset"] for p in report["prompts"]] == ["humaneval", "chat", "humaneval", "chat"]
+    assert report["problems"] == []
+    for method in ("ar", "default"):
+        assert set(report["results"][method]["levels"]) == {"1", "3"}
+        assert "max_batch_size 2" in report["servers"][method]["ready"]
+        for level in report["results"][method]["levels"].values():
+            summary = level["summary"]
+            assert summary["requests"] == 4 and summary["errors"] == []
+            assert summary["completion_tokens"] == sum(r["completion_tokens"] for r in level["requests"]) > 0
+            assert summary["total_tokens_per_second"] > 0 and summary["ttft_mean_seconds"] > 0
+            assert all(r["text"] and r["finish_reason"] in ("stop", "length") for r in level["requests"])
+    for c in ("1", "3"):
+        summary = report["results"]["default"]["levels"][c]["summary"]
+        assert summary["outputs_equal_ar"] == "4/4" and summary["speedup_vs_ar"] > 0 and summary["tau"] >= 1
+    assert "| default | 3 | 4 |" in printed and "| ar | 1 | 4 |" in printed
+
+
+def test_the_benchmark_measures_a_running_server(bench, tmp_path, capsys):
+    live = tiny_server(TinyModels(), rows=2)
+    try:
+        out = tmp_path / "url.json"
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"prompt": f"def f{i}(x):"}) + "\n" for i in range(3)))
+        rc = bench.main(["--url", live.url, "--methods", "tiny", "--datasets", str(prompts), "--concurrency", "2",
+                         "--max_tokens", "6", "--no_warmup", "--output_json", str(out)])
+        assert rc == 0, capsys.readouterr()
+        level = json.loads(out.read_text())["results"]["tiny"]["levels"]["2"]
+        assert level["summary"]["requests"] == 3 and level["summary"]["completion_tokens"] == 18
+    finally:
+        live.close()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--methods", "ddtree:0"], "argument --methods: method 'ddtree:0' is not one of"),
+    (["--concurrency", "0"], "argument --concurrency: must be an integer in 1..1024, got 0"),
+    (["--methods", "ar", "ar"], "argument --methods: names a method twice"),
+    (["--url", "localhost:8000", "--methods", "x"], "argument --url: must be http://host:port"),
+    (["--url", "http://127.0.0.1:1", "--methods", "a", "b"], "argument --methods: with --url, give one name"),
+])
+def test_bad_flags_are_refused(bench, argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2 and says in capsys.readouterr().err
