@@ -7,6 +7,7 @@ plain torch ops, per head, without reusing anything from the package.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -404,3 +405,30 @@ def test_config_validation_messages(overrides, match):
     fields.update(overrides)
     with pytest.raises(DFlashConfigError, match=match):
         DFlashDraftConfig(**fields)
+
+
+@pytest.mark.parametrize("cast", ["to", "bfloat16", "half", "load"])
+def test_low_precision_keeps_exact_rope_frequencies(cast, tmp_path):
+    """model.to(bf16) used to cast the rotary frequencies too: the angle at position p became
+    p * round_bf16(inv_freq), 0.14 rad off at 100 and 2.8 rad at 2000, so bf16 drafts got worse as
+    the context grew. The frequencies stay float64 whatever the weights' dtype."""
+    model, _, _ = random_drafter(4, max_position_embeddings=4096, head_dim=64, rope_theta=1_000_000.0)
+    exact = model.rotary_emb.inv_freq.clone()
+    assert exact.dtype == F64
+    dtype = torch.float16 if cast == "half" else torch.bfloat16
+    if cast == "to":
+        low = copy.deepcopy(model).to(device="cpu", dtype=dtype)
+    elif cast == "load":
+        save_dflash_drafter(model, tmp_path, dtype=torch.float32)
+        low = load_dflash_drafter(tmp_path, dtype=dtype)
+    else:
+        low = getattr(copy.deepcopy(model), cast)()
+    assert next(low.parameters()).dtype == dtype
+    assert low.rotary_emb.inv_freq.dtype == F64 and torch.equal(low.rotary_emb.inv_freq, exact)
+    positions = torch.tensor([[0, 100, 500, 2000]])
+    cos, sin = low.rotary_emb(positions, dtype)
+    angles = positions.to(F64)[..., None] * exact
+    want_cos, want_sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    # Only the final rounding of cos/sin to the low precision remains (half an ulp of 1: 2^-9 in bf16).
+    assert float((cos.to(F64) - want_cos).abs().max()) <= 2.0 ** -8
+    assert float((sin.to(F64) - want_sin).abs().max()) <= 2.0 ** -8
