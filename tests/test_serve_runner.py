@@ -107,13 +107,29 @@ def test_rows_of_a_stack_are_independent(models):
             assert alone == models.solo_ids(row.prompt_ids, row.max_new_tokens)
 
 
-def test_a_request_needing_more_capacity_gets_a_bigger_decoder(models):
-    runner = GraphedRunner(models.spec(4), initial_capacity=256)
-    first = runner.decoder.capacity
-    prompt = models.encode("a" * 200)
-    tokens, _, _ = run_alone(runner, 0, RowRequest(prompt, 150, SamplingParams()))
-    assert runner.decoder.capacity > first
-    assert tokens == models.solo_ids(prompt, 150)
+@pytest.mark.parametrize("budget", [4, None])
+def test_a_row_that_outgrows_its_decoder_moves_to_a_bigger_one(models, budget):
+    """Decoders from 256 slots, rows starting with room for 32 more tokens: a 300-token answer to a 100-token prompt
+    starts in the 256-slot decoder (admission picks it) and moves to a 512-slot one near slot 256, prefilling what it
+    has committed; its tokens are still the target's own greedy output. A short request afterwards runs in the small
+    decoder again."""
+    runner = GraphedRunner(models.spec(budget), initial_capacity=256, growth_tokens=32)
+    assert runner.capacities == [256]
+    prompt = models.encode("def add(a, b):\n    return a + b\n" * 3)[:100]
+    tokens, sizes, counts = run_alone(runner, 0, RowRequest(prompt, 300, SamplingParams()))
+    assert runner.capacities == [256, 512] and runner.decoder.capacity == 512
+    assert tokens == models.solo_ids(prompt, 300)
+    assert sum(counts) + 1 >= 300 and max(counts) > 1
+    short = models.encode("x")
+    tokens, _, _ = run_alone(runner, 0, RowRequest(short, 10, SamplingParams()))
+    assert runner.decoder.capacity == 256 and tokens == models.solo_ids(short, 10)
+
+
+def test_a_request_that_fits_never_moves(models):
+    runner = GraphedRunner(models.spec(4), initial_capacity=256, growth_tokens=32)
+    prompt = models.encode("a" * 150)
+    run_alone(runner, 0, RowRequest(prompt, 30, SamplingParams()))
+    assert runner.capacities == [256]
 
 
 def test_the_runner_refuses_what_cannot_run(models):

@@ -22,7 +22,7 @@ the docstring of :class:`GraphedRunner`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -32,11 +32,10 @@ from ..errors import DFlashInputError
 from ..sampling import SamplingParams
 from ..target import check_prompt_fits
 
-#: The graphed decoder's first capacity (prompt + output + one tree) when the context allows it. The
-#: static state's attention runs over the whole capacity every step, so a server that sized every row for
-#: the longest possible request would make every short one slower; a longer request grows it (and, on a
-#: GPU, re-captures the graphs).
+#: The smallest decoder's capacity (prompt + output + one tree); bigger ones double it (GraphedRunner).
 INITIAL_CAPACITY = 1024
+#: A request starts in a decoder that holds its prompt and this many more tokens (all it asks for, if fewer).
+GROWTH_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -120,6 +119,8 @@ class _Row:
     generator: torch.Generator | None
     #: Tokens committed so far (the prefill's included).
     produced: int = 0
+    #: The prompt and every committed token (what a move to a bigger decoder prefills).
+    tokens: list[int] = field(default_factory=list)
     #: The prefill's token, reported by the next step().
     pending: RowStep | None = None
     #: Committed tokens in the KV cache (the last committed token, the root, is not in it yet).
@@ -196,21 +197,34 @@ class GraphedRunner:
     Each call reproduces one part of ``GraphedDecoder.generate``: ``admit`` its prefill (the same
     uniform draw before the first token), ``step`` one iteration of its loop (depth limit, uniforms,
     one device step, the one copy, the policy's next tree size). ``GraphedDecoder`` offers the step
-    (``step()``, ``out``) but not the prefill on its own, so ``_prefill`` repeats ``generate``'s
+    (``step()``, ``out``) but not the prefill on its own, so ``_load`` repeats ``generate``'s
     prefill lines, reading the decoder's ``_choose`` (the only private member used here).
+
+    **Capacity.** The static state's attention runs over its whole capacity at every step (on the
+    embedded SmolLM2, one CPU thread: 11.9 tok/s AR at 1,024 slots, 3.8 at 8,192), so a row must not
+    sit in a decoder sized for the longest possible request. Decoders are kept per capacity
+    (``initial_capacity`` doubled as needed, built on first use, each with its own calibration); a
+    request starts in the smallest that holds its prompt and ``growth_tokens`` more tokens (all it
+    asks for, if fewer), and a row that reaches the end of its decoder moves to a bigger one: its
+    committed tokens are prefilled there (one forward pass), its last token becomes the root, and
+    decoding goes on. Requests whose ``max_tokens`` fit their first decoder never move and are
+    step for step what ``generate`` gives.
 
     What a batched decoder needs to offer so that this class becomes one decoder of ``B`` rows (see
     the report in issue 37): ``prefill(row, prompt_ids, sampling, generator) -> first token`` that
-    touches only that row's state; per-row sampling settings and a per-row generator (the uniforms
-    of row r drawn from row r's generator only); ``max_depth`` per row (already [B]); ``release(row)``
-    that makes the row inert padding; capacity growth that keeps the live rows (today ``_allocate``
-    starts over), or a fixed capacity per batch bucket.
+    touches only that row's state (and a form that takes a given root, for a row that moves);
+    per-row sampling settings as tensors and a per-row generator (the uniforms of row r drawn from
+    row r's generator only); ``max_depth`` per row (already [B]); ``release(row)`` that makes the row
+    inert padding; and a way to serve rows of very different lengths without every row paying for
+    the longest (capacity per batch bucket, or attention bounded by each row's length).
     """
 
     max_batch = 1
 
     def __init__(self, spec: DecoderSpec, max_model_len: int | None = None,
-                 initial_capacity: int = INITIAL_CAPACITY) -> None:
+                 initial_capacity: int = INITIAL_CAPACITY, growth_tokens: int = GROWTH_TOKENS) -> None:
+        from ..graphed import CAPACITY_STEP
+
         self.spec = spec
         limit = spec.max_model_len()
         if max_model_len is None:
@@ -218,15 +232,37 @@ class GraphedRunner:
         if not 1 <= max_model_len <= limit:
             raise DFlashInputError(f"max_model_len={max_model_len} must be in 1..{limit} (the target's positions, "
                                    f"less one tree of {spec.largest_tree()} nodes past the last)")
+        if initial_capacity < CAPACITY_STEP or initial_capacity % CAPACITY_STEP:
+            raise DFlashInputError(f"initial_capacity={initial_capacity} must be a multiple of {CAPACITY_STEP}")
+        if growth_tokens < 1:
+            raise DFlashInputError(f"growth_tokens={growth_tokens} must be >= 1")
         self.max_model_len = max_model_len
         self.vocab_size = int(spec.model.config.vocab_size)
         self.description = describe_decoder(spec.budget, spec.drafter is not None, spec.lookup)
-        self.decoder = spec.build(min(initial_capacity, self._capacity_for(max_model_len)))
+        self.initial_capacity, self.growth_tokens = initial_capacity, growth_tokens
+        self._largest_capacity = -(-self._slots_for(max_model_len) // CAPACITY_STEP) * CAPACITY_STEP
+        self._decoders: dict[int, Any] = {}
+        self.decoder = self._decoder_for(1)  # built now: graphs captured and costs measured at start-up
         self._row: _Row | None = None
 
-    def _capacity_for(self, positions: int) -> int:
+    def _slots_for(self, positions: int) -> int:
         # One tree past the last position, as GraphedDecoder.generate sizes its state.
         return positions + self.spec.largest_tree() + 1
+
+    def _decoder_for(self, positions: int) -> Any:
+        """The smallest kept decoder (``initial_capacity`` doubled) that holds ``positions`` tokens."""
+        capacity = self.initial_capacity
+        while capacity < self._slots_for(positions) and capacity < self._largest_capacity:
+            capacity *= 2
+        capacity = min(capacity, self._largest_capacity)
+        if capacity not in self._decoders:
+            self._decoders[capacity] = self.spec.build(capacity)
+        return self._decoders[capacity]
+
+    @property
+    def capacities(self) -> list[int]:
+        """Capacities of the decoders built so far."""
+        return sorted(self._decoders)
 
     # ------------------------------------------------------------------ BatchRunner
 
@@ -236,32 +272,41 @@ class GraphedRunner:
         if self._row is not None:
             raise DFlashInputError("slot 0 is busy: release it before admitting another request")
         check_row(row, self.max_model_len, self.vocab_size)
-        needed = self._capacity_for(len(row.prompt_ids) + row.max_new_tokens)
-        if needed > self.decoder.capacity:
-            self.decoder = self.spec.build(needed)  # the row is free: nothing live is lost
+        self.decoder = self._decoder_for(len(row.prompt_ids) + min(row.max_new_tokens, self.growth_tokens))
         state = _Row(row, row_generator(row.sampling, self.decoder.device))
-        first = self._prefill(state)
+        first = self._load(state, list(row.prompt_ids), root=None)
+        state.tokens = [*row.prompt_ids, first]
+        state.produced = 1
         state.pending = RowStep([first], tree_size=0)
         self._row = state
 
     @torch.inference_mode()
-    def _prefill(self, state: _Row) -> int:
-        decoder, prompt = self.decoder, state.row.prompt_ids
+    def _load(self, state: _Row, context: list[int], root: int | None) -> int:
+        """Prefill ``context`` into the current decoder; the root is the target's choice (``root`` None, as
+        ``generate`` does), or ``root`` for a row that moves with its last committed token."""
+        decoder = self.decoder
         decoder.sampling = state.row.sampling
         decoder.prepare()  # a no-op once this sampling setting's graphs exist
-        ids = torch.tensor([prompt], dtype=torch.long, device=decoder.device)
+        ids = torch.tensor([context], dtype=torch.long, device=decoder.device)
         last_logits, features = decoder.target.prefill(ids)
-        decoder.past.fill_(len(prompt))
-        decoder.history[:, : len(prompt)] = ids
+        decoder.past.fill_(len(context))
+        decoder.history[:, : len(context)] = ids
         if decoder.proposer is not None and features is not None:
             decoder.proposer.extend(features, torch.zeros_like(decoder.past))
-        if state.generator is not None:
-            decoder.uniforms[:, :1].uniform_(generator=state.generator)
-        decoder.root.copy_(decoder._choose(last_logits[:, None])[:, 0])
-        decoder.history[:, len(prompt)] = decoder.root
-        state.past = len(prompt)
-        state.produced = 1
+        if root is None:
+            if state.generator is not None:
+                decoder.uniforms[:, :1].uniform_(generator=state.generator)
+            decoder.root.copy_(decoder._choose(last_logits[:, None])[:, 0])
+        else:
+            decoder.root.fill_(root)
+        decoder.history[:, len(context)] = decoder.root
+        state.past = len(context)
         return int(decoder.root[0].item())  # the prefill's one copy
+
+    def _move_to_a_bigger_decoder(self, state: _Row) -> None:
+        total = len(state.row.prompt_ids) + state.row.max_new_tokens
+        self.decoder = self._decoder_for(min(total, len(state.tokens) + self.growth_tokens))
+        self._load(state, state.tokens[:-1], root=state.tokens[-1])
 
     def step(self) -> dict[int, RowStep]:
         state = self._row
@@ -273,6 +318,8 @@ class GraphedRunner:
         remaining = state.row.max_new_tokens - state.produced
         if remaining <= 0:  # the scheduler releases a row at its length limit; nothing to decode
             return {}
+        if self._slots_for(state.past) > self.decoder.capacity:
+            self._move_to_a_bigger_decoder(state)
         decoder = self.decoder
         nodes = decoder.nodes
         decoder.max_depth.fill_(min(remaining, decoder.target.max_positions - 1 - state.past, nodes - 1))
@@ -284,9 +331,11 @@ class GraphedRunner:
         if decoder.policy is not None:
             decoder.nodes = decoder.policy.buckets[out[1 + decoder.path_width]]
             lookup = out[2 + decoder.path_width]
+        committed = out[1 : 1 + count]
         state.past += count
         state.produced += count
-        return {0: RowStep(out[1 : 1 + count], tree_size=nodes, lookup_tokens=lookup)}
+        state.tokens += committed
+        return {0: RowStep(committed, tree_size=nodes, lookup_tokens=lookup)}
 
     def release(self, slot: int) -> None:
         if slot == 0:
@@ -343,10 +392,11 @@ class RowStack:
 
 
 def graphed_rows(spec: DecoderSpec, rows: int, max_model_len: int | None = None,
-                 initial_capacity: int = INITIAL_CAPACITY) -> BatchRunner:
+                 initial_capacity: int = INITIAL_CAPACITY, growth_tokens: int = GROWTH_TOKENS) -> BatchRunner:
     """``rows`` rows over the graphed decoder: one :class:`GraphedRunner`, or a :class:`RowStack` of them.
 
     The decoder runs batch 1 today; when it runs B rows in one step, this returns one runner of B rows.
     """
-    make: Callable[[], GraphedRunner] = lambda: GraphedRunner(spec, max_model_len, initial_capacity)  # noqa: E731
-    return make() if rows == 1 else RowStack([make() for _ in range(rows)])
+    if rows == 1:
+        return GraphedRunner(spec, max_model_len, initial_capacity, growth_tokens)
+    return RowStack([GraphedRunner(spec, max_model_len, initial_capacity, growth_tokens) for _ in range(rows)])
