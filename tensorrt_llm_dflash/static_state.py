@@ -49,7 +49,7 @@ class _RowSlotLayer(CacheLayerMixin):
         return None  # preallocated: nothing to do
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
-               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # 4.57: cache_kwargs; 5.2x: kwargs=
         slots = self.owner.write_slots  # [B, N]
         index = slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
         self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
