@@ -102,6 +102,20 @@ def test_streamed_and_non_streamed_answers_equal_the_solo_greedy_output(server, 
         assert len({chunk.id for chunk in chunks}) == 1
 
 
+def test_a_reply_sent_back_as_the_client_returned_it_continues_the_conversation(server, models):
+    """The usual multi-turn pattern: the assistant message object, dumped with its null fields (refusal, tool_calls,
+    audio, ...), goes back in ``messages``; the second answer is the greedy output for the whole conversation."""
+    client = server.client()
+    first = client.chat.completions.create(model=MODEL_NAME, messages=CHAT, max_tokens=12, temperature=0)
+    sent_back = first.choices[0].message.model_dump()
+    assert "tool_calls" in sent_back and sent_back["tool_calls"] is None
+    conversation = [*CHAT, sent_back, {"role": "user", "content": "Now subtract them."}]
+    second = client.chat.completions.create(model=MODEL_NAME, messages=conversation, max_tokens=12, temperature=0)
+    ids = models.chat_ids([*CHAT, {"role": "assistant", "content": first.choices[0].message.content},
+                           {"role": "user", "content": "Now subtract them."}])
+    assert second.choices[0].message.content == models.solo_text(ids, 12)
+
+
 def test_stop_strings_and_stop_tokens_end_the_answer(server, models):
     client = server.client()
     prompt, n = "def add(a, b):", 37
@@ -298,6 +312,8 @@ MALFORMED = [
     ("chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens",
      "max_completion_tokens=0"),
     ("chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ("chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "call_1"}]}]},
+     "messages[0].tool_calls", "messages[0].tool_calls=[{'id': 'call_1'}]: not supported"),
 ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import logging
 import socket
 import sys
@@ -104,8 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if speculative and args.target_model_dir is not None and args.draft_model_dir is None:
         cli.refuse(ap, "--draft_model_dir", "is required with --target_model_dir (the demo drafter only fits the "
                                             "embedded SmolLM2 target), or pass --speculative_decoding_mode none")
-    for module in ("fastapi", "uvicorn"):
-        cli.require_module(ap, "--host", module, "pip install -r requirements.txt")
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        ap.error(f"the server needs {' and '.join(missing)}, which is not installed: pip install -r requirements.txt")
     args.socket = bind(ap, args.host, args.port)
     return args
 
@@ -120,7 +122,6 @@ def bind(ap: argparse.ArgumentParser, address: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         cli.refuse(ap, "--port", f"cannot listen on {address}:{port}: {err.strerror or err}")
-    sock.set_inheritable(True)
     return sock
 
 

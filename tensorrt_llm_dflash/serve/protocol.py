@@ -92,6 +92,13 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant"]
     content: StrictStr | list[TextPart]
     name: StrictStr | None = None
+    # An assistant message sent back as the API returned it carries these, null or empty: accepted as such
+    # (tool calls and audio are refused by name, refuse_unsupported).
+    refusal: StrictStr | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    annotations: list[Any] | None = None
 
 
 class ChatCompletionRequest(_Sampling):
@@ -163,6 +170,11 @@ def refuse_unsupported(body: _Sampling) -> None:
                    ("response_format", body.response_format, text_format),
                    ("tools", body.tools, not body.tools), ("tool_choice", body.tool_choice,
                                                             body.tool_choice in (None, "none"))]
+    if isinstance(body, ChatCompletionRequest):
+        for i, message in enumerate(body.messages):
+            for field in ("tool_calls", "function_call", "audio"):
+                value = getattr(message, field)
+                checks.append((f"messages[{i}].{field}", value, not value))
     for name, value, fine in checks:
         if not fine:
             raise InvalidRequest(name, f"{name}={show(value)}: not supported by this server")
