@@ -117,7 +117,7 @@ class Engine:
         self._waiting: collections.deque[_Request] = collections.deque()
         self._by_id: dict[str, _Request] = {}
         self._rows: dict[int, _Active] = {}  # slot -> request in it (engine thread only)
-        self._running_count = 0  # len(_rows), readable under the lock by other threads
+        self._running_count = 0  # requests in rows or being admitted into one (other threads read it under the lock)
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.metrics.gauge("queue_depth", "Requests waiting for a row.", lambda: self.queue_depth)
@@ -204,9 +204,13 @@ class Engine:
                         continue
                     free = [slot for slot in range(self.runner.max_batch) if slot not in self._rows]
                     admitting = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+                    # Counted as running from here, so that submit() never sees them in neither place.
+                    self._running_count = len(self._rows) + len(admitting)
                 self._release_cancelled_rows()
                 for slot, entry in zip(free, admitting):
                     self._admit(slot, entry)
+                with self._cond:
+                    self._running_count = len(self._rows)
                 if self._rows:
                     self._step()
         except BaseException:  # noqa: BLE001 - the loop must never die silently: say why, fail everyone
@@ -247,7 +251,7 @@ class Engine:
     def _retire(self, slot: int) -> None:
         active = self._rows.pop(slot)
         with self._cond:
-            self._running_count = len(self._rows)
+            self._running_count -= 1
             self._forget(active.entry)
         try:
             self.runner.release(slot)
@@ -272,8 +276,6 @@ class Engine:
             self._fail(entry, 500, f"the request could not be started: {type(err).__name__}: {err}", slot)
             return
         self._rows[slot] = _Active(entry, slot, RowOutput(self.tokenizer, request), time.perf_counter())
-        with self._cond:
-            self._running_count = len(self._rows)
         self.metrics.inc("prompt_tokens_total", len(request.prompt_ids))
 
     def _fail(self, entry: _Request, status: int, message: str, slot: int | None = None) -> None:
