@@ -12,7 +12,9 @@ concurrency) from one queue, each as a streaming /v1/chat/completions request, a
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
 
 Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to
-first token (mean, p50, p90), per-request tokens/s (a request's tokens over its latency), tau. At
+first token (mean, p50, p90: until the first streamed text, which the server sends once a word is
+complete; the server's own first-token time is recorded too), per-request tokens/s (a request's tokens
+over its latency, queueing included), tau. At
 temperature 0 every answer is compared with AR's answer to the same prompt at the same concurrency, and
 each method's answers across concurrencies; in float32/float64 a difference is an error (exit code 1).
 Writes one JSON file and prints a table. The clients run on the same machine as the server and take
@@ -194,7 +196,10 @@ class RequestResult:
     prompt: int
     dataset: str
     seconds: float = 0.0
+    #: Until the first streamed text (the server holds back a word until it is complete).
     time_to_first_token: float | None = None
+    #: The server's own: from its receiving the request to the first token committed (the response's ``dflash``).
+    server_time_to_first_token: float | None = None
     completion_tokens: int = 0
     finish_reason: str | None = None
     text: str = ""
@@ -222,6 +227,7 @@ async def one_request(client: Any, model: str, prompt: BenchPrompt, args: argpar
                     result.finish_reason = choice.finish_reason
                     stats = (chunk.model_extra or {}).get("dflash", {})
                     result.steps = int(stats.get("steps", 0))
+                    result.server_time_to_first_token = stats.get("time_to_first_token_seconds")
                     result.committed = int(sum(stats.get("acceptance_lengths", [])))
             if chunk.usage is not None:
                 result.completion_tokens = chunk.usage.completion_tokens
@@ -267,6 +273,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def summarize_level(wall: float, results: list[RequestResult]) -> dict[str, Any]:
     ok = [r for r in results if r.error is None]
     ttft = [r.time_to_first_token for r in ok if r.time_to_first_token is not None]
+    server_ttft = [r.server_time_to_first_token for r in ok if r.server_time_to_first_token is not None]
     tokens = sum(r.completion_tokens for r in ok)
     steps = sum(r.steps for r in ok)
     return {
@@ -278,6 +285,7 @@ def summarize_level(wall: float, results: list[RequestResult]) -> dict[str, Any]
         "ttft_mean_seconds": statistics.fmean(ttft) if ttft else None,
         "ttft_p50_seconds": percentile(ttft, 0.5),
         "ttft_p90_seconds": percentile(ttft, 0.9),
+        "server_ttft_mean_seconds": statistics.fmean(server_ttft) if server_ttft else None,
         "request_tokens_per_second_mean": statistics.fmean(
             [r.completion_tokens / r.seconds for r in ok if r.seconds > 0]) if ok else None,
         "tau": sum(r.committed for r in ok) / steps if steps else None,

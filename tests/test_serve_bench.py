@@ -61,6 +61,7 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
             assert summary["requests"] == 4 and summary["errors"] == []
             assert summary["completion_tokens"] == sum(r["completion_tokens"] for r in level["requests"]) > 0
             assert summary["total_tokens_per_second"] > 0 and summary["ttft_mean_seconds"] > 0
+            assert 0 < summary["server_ttft_mean_seconds"] <= summary["ttft_mean_seconds"]
             assert all(r["text"] and r["finish_reason"] in ("stop", "length") for r in level["requests"])
     for c in ("1", "3"):
         summary = report["results"]["default"]["levels"][c]["summary"]
