@@ -1,0 +1,783 @@
+#!/usr/bin/env python
+"""One command that proves the graph-ready runtime (``GraphedDecoder``) on a GPU; the same code runs on the CPU
+at tiny sizes (``--tiny``, tests/test_gpu_check.py), so it cannot rot.
+
+    python examples/gpu_check.py                                    # CUDA, fp32 + bf16, then the plugin library
+    python examples/gpu_check.py --tiny --device cpu --out /tmp/gc  # tiny random models on the CPU
+
+It needs torch, transformers (4.57 or 5.x) and numpy, nothing else: the targets are random-weight models built from
+their configs (SmolLM2-135M's shape, and a small Qwen3 whose upper layers use a sliding window), the drafters are
+loaded with the project's loader (the shipped SmolLM2 drafter; a random one for the Qwen3, saved and loaded like a
+checkpoint), and the prompt ids are made here (no tokenizer, no GGUF, no datasets).
+
+Per target and dtype, for AR, the DFlash chain, DDTree 32 and the cost-aware tree, with the real drafter and with
+an *oracle* drafter (it drafts the target's own greedy continuation, right most of the time, so long paths are
+accepted and compaction, the walk and the context update move many rows; a random target gives the real drafter
+almost nothing to accept):
+
+* capture: seconds and MiB of every size's graphs (and the cost-aware tree's cost curve);
+* graphed against the same decoder run eagerly on the same device and dtype (``use_graphs=False``: the stage
+  functions the graphs were captured from), and against the eager runtime (``decode.speculative_generate``) for
+  AR, chain and DDTree 32: token ids and acceptance lengths must be identical in fp32 (in bf16 they are reported);
+* every fp32 output equals the eager runtime's AR output (greedy is lossless);
+* ms per stage per step, per tree size; graphed AR against eager AR in tok/s;
+* the re-capture paths: a second request at T=0.8 (new graphs, a new cost curve, the learned tables untouched),
+  a prompt longer than the static state (it grows and re-captures), ``prepare()`` after that growth;
+* the compaction boundary: DDTree 3 with a block of 8 or 16, a 200-token prompt, 51 new tokens (a state sized from
+  the tree instead of the block was written past its end there), then a capture right after it.
+
+Last, with ``--plugins on`` (``auto``: when CUDA, nvcc and cmake are all there), the plugin library is built with
+cmake for this GPU's architecture, its CUDA kernels are run on the GPU against the Python reference, and the plugin
+tests (tests/test_plugins_*.py, if pytest is installed) run against the fresh build.
+
+Every sub-check is recorded in one JSON file (``--json``, default ``<--out>/gpu_check.json``, rewritten after each
+check) with one summary line per figure on stdout; a failing check is recorded and the run goes on; the exit code
+is 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib.util
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR  # noqa: E402
+from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids  # noqa: E402
+from tensorrt_llm_dflash.decode import GenerationResult, speculative_generate  # noqa: E402
+from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS  # noqa: E402
+from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter, save_dflash_drafter  # noqa: E402
+from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
+from tensorrt_llm_dflash.graphed import CAPACITY_STEP, GraphedDecoder  # noqa: E402
+from tensorrt_llm_dflash.proposer import DFlashProposer  # noqa: E402
+from tensorrt_llm_dflash.sampling import SamplingParams  # noqa: E402
+from tensorrt_llm_dflash.target import HFTargetVerifier, _sliding_window, target_dims  # noqa: E402
+
+METHODS = ("ar", "chain", "ddtree:32", "auto", "oracle-chain", "oracle-ddtree:32", "oracle-auto")
+#: The shipped drafter's target: SmolLM2-135M(-Instruct).
+SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+           "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192}
+#: Where the boundary case of issue 35 broke: 200 + 51 + (tree of 4) + 1 = 256 slots, one compacted block more.
+#: --tiny keeps the sum (240 + 11) with fewer steps.
+BOUNDARY_BUDGET, BOUNDARY_NEW, TINY_BOUNDARY_NEW = 3, 51, 11
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+#: The cost-aware tree's sizes in --tiny: half the graphs (and cost timing) of the default six.
+TINY_BUCKETS = (2, 8, 32)
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+@dataclass
+class Check:
+    name: str
+    status: str = "ok"  # ok, FAIL or skip
+    seconds: float = 0.0
+    figures: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+class Report:
+    """Every check with its figures, in one JSON file rewritten after each check (a crash keeps what ran)."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path, self.meta, self.checks = path, meta, []
+        self.start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def check(self, name: str) -> Iterator[Check]:
+        """Run one sub-check: an exception fails it (recorded with its traceback's last frames) and the run goes on."""
+        entry = Check(name)
+        start = time.perf_counter()
+        try:
+            yield entry
+        except Skip as why:
+            entry.status, entry.error = "skip", str(why)
+        except Exception as err:  # noqa: BLE001 - every failure is recorded, then the next check runs
+            entry.status = "FAIL"
+            entry.error = f"{type(err).__name__}: {err}"
+            entry.figures["traceback"] = traceback.format_exc(limit=-4)
+        entry.seconds = time.perf_counter() - start
+        self.checks.append(entry)
+        self._print(entry)
+        self.write()
+
+    def _print(self, entry: Check) -> None:
+        shown = {k: v for k, v in entry.figures.items() if k != "traceback" and not k.startswith("_")}
+        if entry.status != "ok":
+            print(f"{entry.status:4} {entry.name}: {entry.error}", flush=True)
+            return
+        if not shown:
+            print(f"ok   {entry.name} ({entry.seconds:.1f} s)", flush=True)
+        for key, value in shown.items():
+            print(f"ok   {entry.name} {key}: {_fmt(value)}", flush=True)
+
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if c.status == "FAIL"]
+
+    def write(self) -> None:
+        data = {**self.meta, "seconds": time.perf_counter() - self.start, "failed": self.failed(),
+                "ok": not self.failed(), "checks": [vars(c) for c in self.checks]}
+        atomic_write_json(self.path, _json_safe(data))
+
+
+class Skip(Exception):
+    """A check that does not apply here (recorded as skipped, not failed)."""
+
+
+class Mismatch(AssertionError):
+    """An equality the check requires did not hold."""
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_fmt(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)) and len(value) > 12:
+        return f"[{', '.join(_fmt(v) for v in value[:12])}, ... ({len(value)})]"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_fmt(v) for v in value)}]"
+    return str(value)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    return value
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+@dataclass
+class Shape:
+    """One target (and, without a drafter directory, the random drafter made for it)."""
+
+    name: str
+    arch: str  # llama or qwen3
+    config: dict[str, Any]
+    sliding_window: int | None = None
+    window_from_layer: int = 0
+    drafter_dir: Path | None = None  # the shipped drafter; None: a random one of ``drafter_block``
+    drafter_block: int = 16
+
+
+def shapes(tiny: bool) -> list[Shape]:
+    if not tiny:
+        return [Shape("smollm2-135m", "llama", SMOLLM2, drafter_dir=DEMO_DRAFTER_DIR),
+                Shape("qwen3-swa", "qwen3", {"vocab_size": 32000, "hidden_size": 256, "intermediate_size": 768,
+                                             "num_hidden_layers": 8, "num_attention_heads": 4,
+                                             "num_key_value_heads": 2, "head_dim": 64,
+                                             "max_position_embeddings": 4096},
+                      sliding_window=64, window_from_layer=4, drafter_block=16)]
+    small = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024}
+    return [Shape("smollm2-135m-tiny", "llama", small, drafter_block=8),
+            Shape("qwen3-swa-tiny", "qwen3", {**small, "head_dim": 16}, sliding_window=16, window_from_layer=2,
+                  drafter_block=16)]
+
+
+def build_target(shape: Shape, dtype: torch.dtype, device: torch.device, seed: int = 0) -> Any:
+    """A random-weight causal LM of ``shape`` (config classes and constructors alike in transformers 4.57 and 5.x).
+
+    Matrices are drawn with std 0.2, wider than an untrained init, so that the greedy choice is clear (top-2 logit
+    gaps of about 1 instead of 0.05) and fp32 rounding differences between kernels cannot flip it. Only the
+    parameters take ``dtype``: buffers (RoPE frequencies) stay float32, as ``from_pretrained(dtype=...)`` leaves them.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = {**shape.config, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 1,
+              "attn_implementation": "sdpa"}
+    if shape.arch == "llama":
+        config, cls = LlamaConfig(tie_word_embeddings=True, **common), LlamaForCausalLM
+    else:
+        layers = shape.config["num_hidden_layers"]
+        window: dict[str, Any] = {}
+        if shape.sliding_window is not None:
+            window = {"use_sliding_window": True, "sliding_window": shape.sliding_window,
+                      "max_window_layers": shape.window_from_layer,
+                      "layer_types": ["full_attention" if i < shape.window_from_layer else "sliding_attention"
+                                      for i in range(layers)]}
+        config, cls = Qwen3Config(tie_word_embeddings=False, **window, **common), Qwen3ForCausalLM
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = cls(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+            p.data = p.data.to(dtype)
+    return model.eval()
+
+
+def random_drafter_dir(target: Any, block_size: int, where: Path, seed: int = 0) -> Path:
+    """A random DFlash drafter for ``target``, saved as a checkpoint (then loaded by the project's loader)."""
+    c = target.config
+    layers = int(c.num_hidden_layers)
+    config = DFlashDraftConfig(
+        hidden_size=int(c.hidden_size), intermediate_size=2 * int(c.hidden_size), num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=int(c.hidden_size) // 4, vocab_size=int(c.vocab_size),
+        block_size=block_size, mask_token_id=int(c.vocab_size) - 1,
+        target_layer_ids=build_target_layer_ids(layers, 2 if layers > 4 else 1), num_target_layers=layers,
+        rope_theta=10000.0, max_position_embeddings=int(c.max_position_embeddings), dtype="float32")
+    torch.manual_seed(1000 + seed)
+    model = DFlashDraftModel(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.2)
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.1)
+    save_dflash_drafter(model, where, dtype=torch.float32)
+    return where
+
+
+class OracleDrafter:
+    """Drafts the target's own greedy continuation ``stream`` (prompt + output): at each depth the true token gets the
+    top logit with probability 1 - ``noise``, otherwise a decoy does and the truth is second (a DDTree still finds
+    it). Everything is a gather from device tables built per static state, so a draft reads nothing on the host and
+    captures as a CUDA graph. The interface is the one ``GraphedDecoder`` takes from any drafter object."""
+
+    def __init__(self, stream: list[int], block_size: int, vocab: int, noise: float = 0.25, seed: int = 0) -> None:
+        self.stream, self.block_size, self.vocab, self.noise, self.seed = list(stream), block_size, vocab, noise, seed
+
+    def static_proposer(self, model: Any, capacity: int, batch: int) -> _OracleState:
+        return _OracleState(self, model.device, capacity)
+
+
+class _OracleState:
+    def __init__(self, oracle: OracleDrafter, device: torch.device, capacity: int) -> None:
+        self.block_size, self.draft_ids, self.target_layer_ids = oracle.block_size, None, []
+        depth, length = oracle.block_size - 1, capacity + oracle.block_size + 1
+        gen = torch.Generator().manual_seed(oracle.seed)
+        stream = torch.full((length,), -1, dtype=torch.long)
+        known = oracle.stream[:length]
+        stream[: len(known)] = torch.tensor(known, dtype=torch.long)
+        self.stream = stream.to(device)
+        self.wrong = (torch.rand(length, depth, generator=gen) < oracle.noise).to(device)
+        self.decoy = torch.randint(0, oracle.vocab, (length, depth), generator=gen).to(device)
+        # Small distinct background logits: no ties among the rest of the vocabulary.
+        rows = torch.arange(depth, dtype=torch.float32)[:, None] + 1.0
+        self.base = (0.5 * torch.sin(rows * torch.arange(oracle.vocab, dtype=torch.float32) * 0.37)).to(device)
+        self.offsets = torch.arange(1, oracle.block_size, device=device)
+
+    def extend(self, features: torch.Tensor, start: torch.Tensor) -> None:
+        pass  # the oracle needs no context: it reads the stream by position
+
+    def draft(self, root: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
+        truth = self.stream[context_len[:, None] + self.offsets]  # [B, D], -1 past the known stream
+        known = truth >= 0
+        wrong = self.wrong[context_len] & known
+        truth = truth.clamp(min=0)
+        decoy = self.decoy[context_len]
+        decoy = torch.where(decoy == truth, (truth + 1) % self.base.shape[1], decoy)
+        logits = self.base.expand(root.shape[0], -1, -1).clone()
+        at_truth = logits.gather(2, truth[..., None])[..., 0]
+        logits.scatter_(2, truth[..., None], torch.where(known, torch.where(wrong, 11.0, 12.0), at_truth)[..., None])
+        at_decoy = logits.gather(2, decoy[..., None])[..., 0]
+        logits.scatter_(2, decoy[..., None], torch.where(wrong, 12.0, at_decoy)[..., None])
+        return logits
+
+
+def make_prompt(length: int, vocab: int, seed: int) -> list[int]:
+    """Random ids in 2..vocab-2 whose first 16 come back at the end, so prompt lookup finds a match."""
+    ids = [int(t) for t in np.random.default_rng(seed).integers(2, vocab - 2, size=max(length - 16, 1))]
+    return (ids + ids[:16])[:length]
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def eager_run(model: Any, drafter: Any | None, prompt: list[int], new: int, budget: int = 0) -> GenerationResult:
+    """The eager runtime (``decode.speculative_generate``): AR without a drafter, else the chain or a DDTree."""
+    layer_ids = list(drafter.config.target_layer_ids) if drafter is not None else None
+    verifier = HFTargetVerifier(model, layer_ids)
+    try:
+        proposer = DFlashProposer.for_target(drafter, model) if drafter is not None else None
+        return speculative_generate(verifier, proposer, prompt, new, ddtree_budget=budget)
+    finally:
+        verifier.close()  # its hooks on the target's layers must not stay for the graphed runs
+
+
+def tok_per_s(result: GenerationResult) -> float:
+    return result.stats.new_tokens / max(result.stats.total_seconds, 1e-9)
+
+
+def tau(result: GenerationResult) -> float:
+    """Mean tokens committed per target step (the bonus token included; 1.0 for AR)."""
+    lengths = result.stats.acceptance_lengths
+    return sum(lengths) / max(len(lengths), 1)
+
+
+def method_budget(method: str) -> int | None:
+    name = method.removeprefix("oracle-")
+    return {"ar": 0, "chain": 0, "auto": None}.get(name, int(name.partition(":")[2] or 0))
+
+
+def compare(got: GenerationResult, want: GenerationResult, what: str, exact: bool, figures: dict[str, Any],
+            lengths: bool = True, sizes: bool = False) -> None:
+    """Token ids (and acceptance lengths, tree sizes) equal; required when ``exact``, else reported."""
+    same_ids = got.output_ids == want.output_ids
+    same_lengths = not lengths or got.stats.acceptance_lengths == want.stats.acceptance_lengths
+    same_sizes = not sizes or got.stats.tree_sizes == want.stats.tree_sizes
+    figures[f"equal_{what}"] = same_ids and same_lengths and same_sizes
+    if not same_ids:
+        first = next((i for i, (a, b) in enumerate(zip(got.output_ids, want.output_ids)) if a != b),
+                     min(len(got.output_ids), len(want.output_ids)))
+        figures[f"first_difference_{what}"] = first
+    if exact and not figures[f"equal_{what}"]:
+        raise Mismatch(f"differs from {what}: ids {same_ids}, acceptance lengths {same_lengths}, tree sizes "
+                       f"{same_sizes} (got {got.output_ids[:12]}... tau {got.stats.acceptance_lengths[:12]}; want "
+                       f"{want.output_ids[:12]}... tau {want.stats.acceptance_lengths[:12]})")
+
+
+@dataclass
+class Context:
+    shape: Shape
+    dtype: torch.dtype
+    device: torch.device
+    new_tokens: int
+    model: Any = None
+    drafter: Any = None
+    prompt: list[int] = field(default_factory=list)
+    buckets: tuple[int, ...] = POLICY_BUCKETS  # the cost-aware tree's sizes (fewer in --tiny: a shorter CI run)
+    repeats: int = 5  # timed steps per figure of ms per stage
+    ar: GenerationResult | None = None  # the eager runtime's AR: the reference output
+    decoders: dict[str, GraphedDecoder] = field(default_factory=dict)
+    results: dict[str, GenerationResult] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return self.dtype in (torch.float32, torch.float64)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.shape.name}/{str(self.dtype).removeprefix('torch.')}"
+
+    def needs(self, *what: Any) -> None:
+        if any(w is None for w in what):
+            raise Skip("an earlier check of this target and dtype failed")
+
+
+def drafter_for(ctx: Context, method: str, prompt: list[int], reference: list[int]) -> Any:
+    if method == "ar":
+        return None
+    if method.startswith("oracle-"):
+        return OracleDrafter(prompt + reference, ctx.drafter.config.block_size, int(ctx.model.config.vocab_size))
+    return ctx.drafter
+
+
+def check_method(report: Report, ctx: Context, method: str) -> None:
+    """Capture, run graphed (twice: the second is timed), compare with the eager twin and the eager runtime."""
+    tag, budget = f"{ctx.tag}/{method}", method_budget(method)
+    decoder: GraphedDecoder | None = None
+    with report.check(f"{tag}/capture") as c:
+        ctx.needs(ctx.model, ctx.ar)
+        drafter = drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids)
+        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, policy_buckets=ctx.buckets)
+        decoder.reserve(len(ctx.prompt), ctx.new_tokens)
+        start = time.perf_counter()
+        decoder.prepare()
+        sync(ctx.device)
+        c.figures.update(prepare_s=time.perf_counter() - start, capture_s=decoder.capture_seconds,
+                         capture_mib=decoder.capture_bytes / 2**20, graphs=len(decoder._graphs) * len(decoder._stage_fns()),
+                         sizes=list(decoder.sizes()), capacity=decoder.capacity)
+        if decoder.policy is not None:
+            c.figures["cost_ms"] = [1000 * v for v in decoder.policy.costs.tolist()]
+        if decoder.use_graphs and len(decoder._graphs) != len(decoder.sizes()):
+            raise Mismatch(f"{len(decoder._graphs)} graph sets for {len(decoder.sizes())} sizes")
+        ctx.decoders[method] = decoder
+    graphed: list[GenerationResult] = []
+    with report.check(f"{tag}/graphed") as c:
+        ctx.needs(decoder)
+        graphed = [decoder.generate(ctx.prompt, ctx.new_tokens) for _ in range(2)]
+        out = graphed[1]
+        steps = max(out.stats.steps, 1)
+        c.figures.update(tok_per_s=tok_per_s(out), tau=tau(out), steps=out.stats.steps,
+                         tree_sizes=sorted(set(out.stats.tree_sizes)),
+                         stage_ms_per_step={k: 1000 * out.stats.stage_seconds.get(k, 0.0) / steps
+                                            for k in ("draft", "tree_build", "verify", "commit")})
+        ctx.results[method] = out
+        compare(out, ctx.ar, "eager_ar", ctx.exact, c.figures, lengths=False)
+    with report.check(f"{tag}/vs-eager-stages") as c:
+        ctx.needs(decoder, graphed or None)
+        costs = decoder.policy.costs.tolist() if decoder.policy is not None else None
+        twin = GraphedDecoder(ctx.model, drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids), budget=budget,
+                              use_graphs=False, policy_buckets=ctx.buckets, policy_costs=costs)
+        for i in range(2):  # the same two requests: the policy learns the same things in the same order
+            compare(graphed[i], twin.generate(ctx.prompt, ctx.new_tokens), f"eager_stages_{i}", ctx.exact, c.figures,
+                    sizes=True)
+    if method in ("ar", "chain", "ddtree:32"):
+        with report.check(f"{tag}/vs-eager-runtime") as c:
+            ctx.needs(graphed or None)
+            eager = ctx.ar if method == "ar" else eager_run(ctx.model, ctx.drafter, ctx.prompt, ctx.new_tokens,
+                                                             budget or 0)
+            c.figures["eager_tok_per_s"] = tok_per_s(eager)
+            compare(graphed[1], eager, "eager_runtime", ctx.exact, c.figures)
+    for size in decoder.sizes() if decoder is not None else ():
+        with report.check(f"{tag}/stage-ms@{size}") as c:
+            c.figures["ms"] = decoder.time_stages(size, ctx.repeats)
+
+
+def check_ar_speed(report: Report, ctx: Context) -> None:
+    with report.check(f"{ctx.tag}/ar-graphed-vs-eager") as c:
+        ctx.needs(ctx.results.get("ar"), ctx.ar)
+        eager = eager_run(ctx.model, None, ctx.prompt, ctx.new_tokens)  # warm: the reference run was the first
+        graphed = tok_per_s(ctx.results["ar"])
+        c.figures.update(graphed_tok_per_s=graphed, eager_tok_per_s=tok_per_s(eager),
+                         speedup=graphed / max(tok_per_s(eager), 1e-9))
+
+
+def policy_tables(decoder: GraphedDecoder) -> dict[str, torch.Tensor]:
+    return decoder.policy.state()
+
+
+def tables_equal(decoder: GraphedDecoder, tables: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, decoder.policy.state()[k]) for k, v in tables.items())
+
+
+def check_recapture(report: Report, ctx: Context) -> None:
+    """A second request at T=0.8 (new graphs and cost curve; the learned tables untouched), then a prompt longer
+    than the static state (it grows and re-captures; the tables carry over), then prepare() after that growth."""
+    decoder = ctx.decoders.get("auto")
+    with report.check(f"{ctx.tag}/recapture-temperature") as c:
+        ctx.needs(decoder, ctx.results.get("auto"))
+        tables, graphs, captured = policy_tables(decoder), len(decoder._graphs), decoder.capture_seconds
+        greedy_costs = decoder.policy.costs.tolist()
+        decoder.prepare(SAMPLED)
+        sync(ctx.device)
+        c.figures.update(capture_s=decoder.capture_seconds - captured, greedy_cost_ms=[1000 * v for v in greedy_costs],
+                         sampled_cost_ms=[1000 * v for v in decoder.policy.costs.tolist()])
+        if not tables_equal(decoder, tables):
+            raise Mismatch("re-preparing for T=0.8 changed the policy's learned tables")
+        if decoder.use_graphs and len(decoder._graphs) != graphs + len(decoder.sizes()):
+            raise Mismatch(f"{len(decoder._graphs) - graphs} new graph sets for {len(decoder.sizes())} sizes")
+        out = decoder.generate(ctx.prompt, ctx.new_tokens, SAMPLED)
+        c.figures.update(tau=tau(out), tok_per_s=tok_per_s(out))
+        if len(out.output_ids) != ctx.new_tokens or not all(0 <= t < ctx.model.config.vocab_size for t in out.output_ids):
+            raise Mismatch(f"a sampled request gave {len(out.output_ids)} tokens: {out.output_ids[:12]}")
+    ddtree = ctx.decoders.get("ddtree:32")
+    with report.check(f"{ctx.tag}/sampled-vs-eager-stages") as c:
+        ctx.needs(ddtree)
+        twin = GraphedDecoder(ctx.model, ctx.drafter, budget=32, use_graphs=False)
+        compare(ddtree.generate(ctx.prompt, ctx.new_tokens, SAMPLED), twin.generate(ctx.prompt, ctx.new_tokens, SAMPLED),
+                "eager_stages_T0.8", ctx.exact, c.figures)
+    with report.check(f"{ctx.tag}/recapture-longer-prompt") as c:
+        ctx.needs(decoder)
+        longer = make_prompt(decoder.capacity + 40, int(ctx.model.config.vocab_size), seed=11)
+        reference = eager_run(ctx.model, None, longer, ctx.new_tokens)
+        tables, before, captured = policy_tables(decoder), decoder.capacity, decoder.capture_seconds
+        decoder.reserve(len(longer), ctx.new_tokens)
+        decoder.prepare(SamplingParams())
+        if not tables_equal(decoder, tables):
+            raise Mismatch("growing the static state changed (or reset) the policy's learned tables")
+        out = decoder.generate(longer, ctx.new_tokens)
+        c.figures.update(capacity=[before, decoder.capacity], capture_s=decoder.capture_seconds - captured,
+                         tau=tau(out))
+        compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False)
+    with report.check(f"{ctx.tag}/prepare-after-growth") as c:
+        ctx.needs(decoder)
+        decoder.prepare(SAMPLED)  # outside inference mode, on state allocated inside it
+        decoder.generate(ctx.prompt, 4, SAMPLED)
+
+
+def check_boundary(report: Report, ctx: Context, new: int) -> None:
+    """DDTree 3 with the drafter's block (8 or 16), prompt + ``new`` tokens = 256 - 5 (the slots a state sized from the
+    tree holds): 200 + 51 as issue 35 reproduced it; then a capture right after that request."""
+    for kind in ("drafter", "oracle"):
+        with report.check(f"{ctx.tag}/compaction-boundary-{kind}") as c:
+            ctx.needs(ctx.model, ctx.drafter)
+            prompt = make_prompt(CAPACITY_STEP - new - BOUNDARY_BUDGET - 2, int(ctx.model.config.vocab_size), seed=5)
+            reference = eager_run(ctx.model, None, prompt, new)
+            drafter = ctx.drafter if kind == "drafter" else OracleDrafter(
+                prompt + reference.output_ids, ctx.drafter.config.block_size, int(ctx.model.config.vocab_size))
+            decoder = GraphedDecoder(ctx.model, drafter, budget=BOUNDARY_BUDGET)
+            out = decoder.generate(prompt, new)
+            sync(ctx.device)
+            c.figures.update(prompt=len(prompt), new=new, block=decoder.path_width, capacity=decoder.capacity,
+                             end=int(decoder.past[0]),
+                             max_accepted=max(out.stats.acceptance_lengths or [0]))
+            compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False)
+            decoder.prepare(SAMPLED)  # a capture whose warm-up follows a request that ended at the boundary
+            sync(ctx.device)
+
+
+def run_target(report: Report, shape: Shape, dtype: torch.dtype, device: torch.device, args: argparse.Namespace,
+               work: Path) -> None:
+    ctx = Context(shape, dtype, device, args.max_new_tokens, repeats=args.repeats,
+                  buckets=TINY_BUCKETS if args.tiny else POLICY_BUCKETS)
+    with report.check(f"{ctx.tag}/setup") as c:
+        start = time.perf_counter()
+        ctx.model = build_target(shape, dtype, device)
+        if shape.drafter_dir is not None:
+            drafter_dir = shape.drafter_dir
+        else:
+            drafter_dir = random_drafter_dir(ctx.model, shape.drafter_block, work / f"{shape.name}-drafter")
+        ctx.drafter = load_dflash_drafter(drafter_dir, dtype=dtype, device=device)
+        ctx.drafter.config.validate_for_target(**target_dims(ctx.model))
+        window, mixed = _sliding_window(ctx.model.config)
+        ctx.prompt = make_prompt(args.prompt_len, int(ctx.model.config.vocab_size), seed=1)
+        sync(device)
+        c.figures.update(build_s=time.perf_counter() - start,
+                         params_m=sum(p.numel() for p in ctx.model.parameters()) / 1e6,
+                         sliding_window=window, mixed_layers=mixed, drafter=str(drafter_dir.name),
+                         block=ctx.drafter.config.block_size)
+    with report.check(f"{ctx.tag}/eager-ar") as c:
+        ctx.needs(ctx.model)
+        ctx.ar = eager_run(ctx.model, None, ctx.prompt, args.max_new_tokens)
+        c.figures["tok_per_s"] = tok_per_s(ctx.ar)
+    for method in args.methods:
+        check_method(report, ctx, method)
+    if "ar" in args.methods:
+        check_ar_speed(report, ctx)
+    if "auto" in args.methods and "ddtree:32" in args.methods:
+        check_recapture(report, ctx)
+    check_boundary(report, ctx, TINY_BOUNDARY_NEW if args.tiny else BOUNDARY_NEW)
+    ctx.decoders.clear()
+    ctx.model = ctx.drafter = None
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------ shipped drafter
+
+
+def check_shipped_drafter(report: Report, device: torch.device) -> None:
+    """The shipped drafter loads with the project's loader and fits SmolLM2-135M's shape (also in --tiny)."""
+    with report.check("shipped-drafter") as c:
+        drafter = load_dflash_drafter(DEMO_DRAFTER_DIR, dtype=torch.float32, device=device)
+        drafter.config.validate_for_target(hidden_size=SMOLLM2["hidden_size"], vocab_size=SMOLLM2["vocab_size"],
+                                           num_hidden_layers=SMOLLM2["num_hidden_layers"],
+                                           embedding_rows=SMOLLM2["vocab_size"])
+        c.figures.update(block=drafter.config.block_size, layers=drafter.config.num_hidden_layers,
+                         target_layer_ids=list(drafter.config.target_layer_ids))
+
+
+# ------------------------------------------------------------------------------------------------ plugins
+
+
+def check_plugins(report: Report, device: torch.device, mode: str, work: Path) -> None:
+    """Build the plugin library for this GPU with cmake, run its CUDA kernels on the GPU against the Python reference,
+    then the plugin tests against the fresh build."""
+    build = work / "plugins-build"
+    library: Path | None = None
+    with report.check("plugins/cmake") as c:
+        missing = [what for what, ok in (("a CUDA device", device.type == "cuda"), ("nvcc", shutil.which("nvcc")),
+                                         ("cmake", shutil.which("cmake"))) if not ok]
+        if mode == "off" or (mode == "auto" and missing):
+            raise Skip("--plugins off" if mode == "off" else f"missing here: {', '.join(missing)}")
+        if missing:
+            raise RuntimeError(f"--plugins on, but missing here: {', '.join(missing)}")
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"{major}{minor}"
+        start = time.perf_counter()
+        for command in (["cmake", "-S", str(REPO / "plugins"), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                         f"-DDFLASH_CUDA_ARCHITECTURES={arch}", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"],
+                        ["cmake", "--build", str(build), "--target", "dflash_plugins_cpu", "dflash_plugins_cuda",
+                         "-j", str(os.cpu_count() or 4)]):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {(done.stdout + done.stderr)[-1500:]}")
+        library = build / "libdflash_plugins_cuda.so"
+        c.figures.update(build_s=time.perf_counter() - start, arch=arch)
+    with report.check("plugins/kernels-on-gpu") as c:
+        if library is None:
+            raise Skip("no CUDA library was built")
+        c.figures.update(run_plugin_kernels(library, device))
+    with report.check("plugins/tests") as c:
+        if library is None:
+            raise Skip("no library was built")
+        if importlib.util.find_spec("pytest") is None:
+            raise Skip("pytest is not installed (pip install pytest)")
+        tests = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("test_plugins_*.py"))
+        env = {**os.environ, "DFLASH_PLUGIN_LIB": str(build)}
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=300, check=False)
+        tail = (done.stdout + done.stderr).strip().splitlines()
+        c.figures["result"] = tail[-1] if tail else ""
+        if done.returncode != 0:
+            c.figures["output_tail"] = "\n".join(tail[-40:])
+            raise RuntimeError(f"pytest exited {done.returncode}: {c.figures['result']}")
+
+
+def run_plugin_kernels(library: Path, device: torch.device, trees: int = 64) -> dict[str, Any]:
+    """DFlashTreeMask and DFlashKVCompact (linear) on the GPU, through the C ABI on torch tensors' device pointers,
+    against tensorrt_llm_dflash.tree's reference (bit for bit)."""
+    from tensorrt_llm_dflash import tree
+    from tensorrt_llm_dflash.kernels import OK, _ErrorDetail
+
+    lib = ctypes.CDLL(str(library))
+    stream = ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+    rng = np.random.default_rng(0)
+    ptr = ctypes.c_void_p
+    masks = 0
+    for _ in range(trees):
+        batch, nodes = int(rng.integers(1, 5)), int(rng.integers(1, 65))
+        max_nodes = nodes + int(rng.integers(0, 40))
+        parents = np.full((batch, nodes), -1, dtype=np.int32)
+        for b in range(batch):
+            parents[b, 1:] = np.floor(rng.random(nodes - 1) * np.arange(1, nodes)).astype(np.int32)
+        lengths = rng.integers(1, nodes + 1, size=batch).astype(np.int32)
+        want = tree.batched_tree_inputs(parents, lengths, max_nodes)
+        words = (max_nodes + 31) // 32
+        p_dev, l_dev = torch.from_numpy(parents).to(device), torch.from_numpy(lengths).to(device)
+        packed = torch.zeros(batch * nodes, words, dtype=torch.int32, device=device)
+        offsets = torch.zeros(batch, max_nodes, dtype=torch.int32, device=device)
+        lengths_out = torch.zeros(batch, dtype=torch.int32, device=device)
+        detail = _ErrorDetail()
+        code = lib.dflash_tree_mask_cuda(ptr(p_dev.data_ptr()), ptr(l_dev.data_ptr()), batch, nodes, max_nodes,
+                                         ptr(packed.data_ptr()), ptr(offsets.data_ptr()), ptr(lengths_out.data_ptr()),
+                                         stream, ctypes.byref(detail))
+        if code != OK:
+            raise RuntimeError(f"dflash_tree_mask_cuda returned {code} (detail {detail.value})")
+        sync(device)
+        for name, got, ref in zip(("packed_mask", "position_offsets", "generation_lengths"),
+                                  (packed, offsets, lengths_out), want):
+            if not np.array_equal(got.cpu().numpy(), ref):
+                raise Mismatch(f"tree mask kernel: {name} differs from tree.batched_tree_inputs (batch {batch}, "
+                               f"N {nodes}, M {max_nodes})")
+        masks += 1
+    compactions = 0
+    for _ in range(trees):
+        batch, layers, heads, seq, dim = int(rng.integers(1, 4)), 3, 2, 96, 16
+        cache = [torch.randn(batch, 2, heads, seq, dim, device=device) for _ in range(layers)]
+        before = [x.clone() for x in cache]
+        past = rng.integers(0, seq - 33, size=batch).astype(np.int32)
+        paths = [np.sort(np.concatenate([[0], rng.choice(np.arange(1, 32), int(rng.integers(0, 10)), replace=False)]))
+                 for _ in range(batch)]
+        width = max(len(p) for p in paths)
+        accepted = np.zeros((batch, width), dtype=np.int32)
+        for b, p in enumerate(paths):
+            accepted[b, : len(p)] = p
+        counts = np.array([len(p) for p in paths], dtype=np.int32)
+        layer_ptrs = (ctypes.c_void_p * layers)(*[x.data_ptr() for x in cache])
+        past_dev, acc_dev, cnt_dev = (torch.from_numpy(a).to(device) for a in (past, accepted, counts))
+        detail = _ErrorDetail()
+        code = lib.dflash_kv_compact_linear_cuda(layer_ptrs, layers, batch, heads, seq, dim * 4,
+                                                 ptr(past_dev.data_ptr()), ptr(acc_dev.data_ptr()), width,
+                                                 ptr(cnt_dev.data_ptr()), stream, ctypes.byref(detail))
+        if code != OK:
+            raise RuntimeError(f"dflash_kv_compact_linear_cuda returned {code} (detail {detail.value})")
+        sync(device)
+        for layer in range(layers):
+            want = before[layer].clone()
+            for b in range(batch):
+                source = torch.as_tensor(past[b] + paths[b], device=device)
+                want[b, :, :, past[b]: past[b] + len(paths[b])] = before[layer][b][:, :, source]
+            if not torch.equal(cache[layer], want):
+                raise Mismatch(f"KV compaction kernel: layer {layer} differs from the reference (batch {batch})")
+        compactions += 1
+    return {"tree_masks": masks, "compactions": compactions}
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tiny", action="store_true", help="tiny random targets and drafters (the CPU test's sizes)")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--targets", nargs="+", default=None, help="target shapes to run (default: both)")
+    ap.add_argument("--max_new_tokens", type=int, default=None, help="tokens per request (default 64; --tiny 8)")
+    ap.add_argument("--prompt_len", type=int, default=None, help="prompt tokens (default 96; --tiny 24)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed steps per ms-per-stage figure (default 5; --tiny 1)")
+    ap.add_argument("--plugins", choices=["auto", "on", "off"], default="auto",
+                    help="build and check the plugin library (auto: when CUDA, nvcc and cmake are there)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's; --tiny on a CPU: 1, faster for tiny models)")
+    ap.add_argument("--out", default="gpu_check_out", help="directory for the JSON file and scratch files")
+    ap.add_argument("--json", default=None, help="the JSON file (default <--out>/gpu_check.json)")
+    args = ap.parse_args(argv)
+    args.max_new_tokens = args.max_new_tokens or (8 if args.tiny else 64)
+    args.prompt_len = args.prompt_len or (24 if args.tiny else 96)
+    args.repeats = args.repeats or (1 if args.tiny else 5)
+    if args.threads is None and args.tiny and args.device == "cpu":
+        args.threads = 1
+    if args.max_new_tokens < 2:
+        ap.error(f"--max_new_tokens must be >= 2, got {args.max_new_tokens}")
+    if args.prompt_len < 2:
+        ap.error(f"--prompt_len must be >= 2, got {args.prompt_len}")
+    names = [s.name for s in shapes(args.tiny)]
+    args.targets = args.targets or names
+    unknown = [t for t in args.targets if t not in names]
+    if unknown:
+        ap.error(f"--targets: unknown {unknown} (here: {names})")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("--device cuda: torch sees no CUDA device")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = Path(args.json) if args.json else out / "gpu_check.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    import transformers
+
+    meta = {"command": " ".join(["python", "examples/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
+            "cuda": torch.version.cuda, "tiny": args.tiny, "dtypes": args.dtypes, "methods": args.methods,
+            "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "threads": torch.get_num_threads()}
+    report = Report(json_path, meta)
+    print(f"gpu_check: {meta['device']}, torch {meta['torch']}, transformers {meta['transformers']}, "
+          f"numpy {meta['numpy']}{', tiny' if args.tiny else ''}", flush=True)
+    check_shipped_drafter(report, device)
+    with tempfile.TemporaryDirectory(dir=out) as scratch:
+        for shape in shapes(args.tiny):
+            if shape.name not in args.targets:
+                continue
+            for dtype_name in args.dtypes:
+                run_target(report, shape, getattr(torch, dtype_name), device, args, Path(scratch))
+        check_plugins(report, device, args.plugins, Path(scratch))
+    report.write()
+    failed = report.failed()
+    skipped = sum(c.status == "skip" for c in report.checks)
+    print(f"gpu_check: {len(report.checks)} checks, {len(failed)} failed, {skipped} skipped, "
+          f"{time.perf_counter() - report.start:.1f} s; wrote {json_path}", flush=True)
+    for name in failed:
+        print(f"FAILED {name}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""examples/gpu_check.py, the one-command GPU check of the graph-ready runtime, runs on the CPU at tiny sizes.
+
+The same functions the GPU run calls (random-weight targets built from configs, drafters through the project's
+loader, the oracle drafter, every comparison, the re-capture paths, the compaction boundary) run here eagerly, so
+the command cannot rot between the rare GPU runs. A failing sub-check is recorded and the run goes on (exit 1).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from tensorrt_llm_dflash.decode import GenerationResult, GenerationStats
+
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "gpu_check.py"
+
+
+def load_gpu_check() -> ModuleType:
+    """A fresh module of examples/gpu_check.py, registered in sys.modules (its dataclasses need their module there)."""
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _checks(report: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, capsys):
+    """The default run at tiny sizes: both targets (Llama-shaped; Qwen3 with sliding-window layers) in float32 and
+    bfloat16. In float32 every method's graphed output equals the eager twin's, the eager runtime's and the eager AR
+    output; every check passes in both dtypes (bf16 equalities are reported, not required)."""
+    module = load_gpu_check()
+    assert module.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["ok"] and report["failed"] == [] and report["tiny"] and report["dtypes"] == ["float32", "bfloat16"]
+    checks = _checks(report)
+    assert all(c["status"] == "ok" for name, c in checks.items() if not name.startswith("plugins/"))
+    for target in ("smollm2-135m-tiny", "qwen3-swa-tiny"):
+        for dtype in ("float32", "bfloat16"):
+            tag = f"{target}/{dtype}"
+            assert checks[f"{tag}/setup"]["figures"]["mixed_layers"] == (target == "qwen3-swa-tiny")
+            for method in module.METHODS:
+                assert set(checks[f"{tag}/{method}/graphed"]["figures"]["stage_ms_per_step"]) == {
+                    "draft", "tree_build", "verify", "commit"}
+                sizes = checks[f"{tag}/{method}/capture"]["figures"]["sizes"]
+                assert all(f"{tag}/{method}/stage-ms@{n}" in checks for n in sizes)
+            assert checks[f"{tag}/auto/capture"]["figures"]["sizes"] == list(module.TINY_BUCKETS)
+            grown = checks[f"{tag}/recapture-longer-prompt"]["figures"]["capacity"]
+            assert grown[1] > grown[0]
+            for kind in ("drafter", "oracle"):
+                boundary = checks[f"{tag}/compaction-boundary-{kind}"]["figures"]
+                assert boundary["prompt"] + boundary["new"] + module.BOUNDARY_BUDGET + 2 == 256
+        tag = f"{target}/float32"
+        for method in module.METHODS:
+            assert checks[f"{tag}/{method}/graphed"]["figures"]["equal_eager_ar"] is True
+            twin = checks[f"{tag}/{method}/vs-eager-stages"]["figures"]
+            assert twin["equal_eager_stages_0"] is True and twin["equal_eager_stages_1"] is True
+        for method in ("ar", "chain", "ddtree:32"):
+            assert checks[f"{tag}/{method}/vs-eager-runtime"]["figures"]["equal_eager_runtime"] is True
+        assert checks[f"{tag}/oracle-ddtree:32/graphed"]["figures"]["tau"] > 2  # long accepted paths were compacted
+        assert checks[f"{tag}/recapture-longer-prompt"]["figures"]["equal_eager_ar"] is True
+        assert checks[f"{tag}/sampled-vs-eager-stages"]["figures"]["equal_eager_stages_T0.8"] is True
+        assert all(checks[f"{tag}/compaction-boundary-{kind}"]["figures"]["equal_eager_ar"] is True
+                   for kind in ("drafter", "oracle"))
+    assert checks["shipped-drafter"]["figures"]["target_layer_ids"] == [1, 8, 14, 20, 27]
+    assert checks["plugins/cmake"]["status"] == "skip" and "CUDA device" in checks["plugins/cmake"]["error"]
+    out = capsys.readouterr().out
+    assert "ok   smollm2-135m-tiny/float32/ar/graphed tok_per_s: " in out  # one summary line per figure
+    assert out.rstrip().splitlines()[-1].startswith("gpu_check: ") and " 0 failed" in out
+
+
+def test_a_failing_check_is_recorded_and_the_run_goes_on(tmp_path, capsys, monkeypatch):
+    """bfloat16, AR only: an exception in one sub-check fails it (JSON and summary), the later checks still run,
+    and the exit code is 1."""
+    module = load_gpu_check()
+
+    def broken(self, size: int, repeats: int = 5) -> dict[str, float]:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(module.GraphedDecoder, "time_stages", broken)
+    json_path = tmp_path / "elsewhere" / "check.json"
+    argv = ["--tiny", "--device", "cpu", "--targets", "smollm2-135m-tiny", "--dtypes", "bfloat16", "--methods", "ar",
+            "--plugins", "off", "--out", str(tmp_path / "out"), "--json", str(json_path)]
+    assert module.main(argv) == 1
+    report = json.loads(json_path.read_text())
+    assert report["failed"] == ["smollm2-135m-tiny/bfloat16/ar/stage-ms@1"] and not report["ok"]
+    checks = _checks(report)
+    failed = checks["smollm2-135m-tiny/bfloat16/ar/stage-ms@1"]
+    assert failed["status"] == "FAIL" and failed["error"] == "RuntimeError: injected failure"
+    assert "injected failure" in failed["figures"]["traceback"]
+    for later in ("ar-graphed-vs-eager", "compaction-boundary-drafter", "compaction-boundary-oracle"):
+        assert checks[f"smollm2-135m-tiny/bfloat16/{later}"]["status"] == "ok", later
+    assert checks["plugins/cmake"]["error"] == "--plugins off"
+    out = capsys.readouterr().out
+    assert "FAIL smollm2-135m-tiny/bfloat16/ar/stage-ms@1: RuntimeError: injected failure" in out
+    assert "FAILED smollm2-135m-tiny/bfloat16/ar/stage-ms@1" in out
+
+
+def _result(ids: list[int], lengths: list[int]) -> GenerationResult:
+    stats = GenerationStats()
+    stats.acceptance_lengths = lengths
+    return GenerationResult(output_ids=ids, stats=stats, finish_reason="length")
+
+
+def test_compare_requires_equality_only_where_exact():
+    module = load_gpu_check()
+    figures: dict = {}
+    module.compare(_result([1, 2, 3], [1, 2]), _result([1, 2, 3], [1, 2]), "x", True, figures)
+    assert figures == {"equal_x": True}
+    with pytest.raises(module.Mismatch, match="acceptance lengths False"):
+        module.compare(_result([1, 2, 3], [1, 2]), _result([1, 2, 3], [2, 1]), "x", True, figures)
+    module.compare(_result([1, 2, 4], [1, 2]), _result([1, 2, 3], [1, 2]), "y", False, figures)  # reported only
+    assert figures["equal_y"] is False and figures["first_difference_y"] == 2
+
+
+def test_the_oracle_drafts_the_known_continuation_on_the_device():
+    """Top-1 at each depth is the stream's next token unless the noise table says a decoy; then the truth is second."""
+    module = load_gpu_check()
+    stream = list(range(3, 40))
+    state = module.OracleDrafter(stream, 5, 64, noise=0.5, seed=1).static_proposer(
+        type("M", (), {"device": torch.device("cpu")})(), capacity=32, batch=1)
+    logits = state.draft(torch.tensor([stream[10]]), torch.tensor([10]))
+    top2 = logits[0].topk(2, dim=-1).indices
+    truth = torch.tensor(stream[11:15])
+    wrong = state.wrong[10]
+    assert torch.equal(torch.where(wrong, top2[:, 1], top2[:, 0]), truth)
+    assert wrong.any() and not wrong.all()
+
+
+@pytest.mark.parametrize("argv,field", [(["--max_new_tokens", "1"], "--max_new_tokens"),
+                                        (["--targets", "gpt2"], "--targets"),
+                                        (["--methods", "ddtree:7"], "--methods")])
+def test_bad_arguments_exit_2_naming_the_field(argv, field, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_gpu_check().parse_args(["--tiny", "--device", "cpu", *argv])
+    assert exit_info.value.code == 2 and field in capsys.readouterr().err
