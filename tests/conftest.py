@@ -41,3 +41,24 @@ def make_proposer():
         return kinds[kind](list(sequence), block_size, vocab, seed=seed)
 
     return make
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ARG001 - pytest's hook signature
+    """One line saying whether the CUDA code was compiled in this run (nvcc found or not), so that a CI
+    log shows the CUDA compile tests running rather than skipping among a thousand dots."""
+    from test_plugin_support import find_nvcc
+
+    counts: dict[str, int] = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if "test_plugins_nvcc.py" not in nodeid or "trt_plugin" in nodeid:  # the TensorRT-header tests aside
+                continue
+            if outcome == "passed" and report.when != "call":
+                continue
+            counts[outcome] = counts.get(outcome, 0) + 1
+    if not counts:
+        return
+    nvcc = find_nvcc()
+    shown = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    terminalreporter.write_line(f"CUDA compile checks (sm_80 + sm_90, nvcc: {nvcc or 'not found'}): {shown}")

@@ -26,6 +26,26 @@ BUILD_DIR = PLUGINS / "build"
 
 
 @functools.lru_cache(maxsize=1)
+def find_nvcc() -> str | None:
+    """nvcc on PATH, else where CUDA installs it ($CUDACXX, $CUDA_HOME/bin, /usr/local/cuda*/bin, newest first).
+
+    A CI or login shell may not have CUDA's bin directory on PATH although the toolkit is there; the
+    CUDA compile tests must run wherever the compiler exists, not only where PATH happens to name it.
+    """
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    candidates = [os.environ.get("CUDACXX")]
+    candidates += [str(Path(os.environ[v]) / "bin" / "nvcc") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    candidates += [str(p / "bin" / "nvcc") for p in sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@functools.lru_cache(maxsize=1)
 def build_cpu_library() -> Path:
     """Configure (first time) and build the CPU library target; return its path."""
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
@@ -33,7 +53,10 @@ def build_cpu_library() -> Path:
     with open(BUILD_DIR / ".pytest-build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (BUILD_DIR / "CMakeCache.txt").is_file():
-            _run(["cmake", "-S", str(PLUGINS), "-B", str(BUILD_DIR)])
+            nvcc = find_nvcc()
+            # Name the compiler: CMake looks for nvcc on PATH only, and the CUDA library test needs it built.
+            cuda = [f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else []
+            _run(["cmake", "-S", str(PLUGINS), "-B", str(BUILD_DIR), *cuda])
         # Incremental: a no-op when the library is up to date with its sources.
         _run(["cmake", "--build", str(BUILD_DIR), "--target", "dflash_plugins_cpu", "-j", "4"])
     return BUILD_DIR / kernels.LIBRARY_NAME

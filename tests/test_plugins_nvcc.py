@@ -16,12 +16,13 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from test_plugin_support import find_nvcc
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "plugins"
 CUDA_SOURCES = sorted((PLUGINS / "src" / "cuda").glob("*.cu"))
 TRT_SOURCES = sorted((PLUGINS / "src" / "trt").glob("*.cpp"))
-NVCC = shutil.which("nvcc")
+NVCC = find_nvcc()
 
 
 def test_sources_exist() -> None:
