@@ -16,6 +16,7 @@ import torch
 from tiny_dirs import char_tokenizer
 from tiny_models import hf_greedy, tiny_drafter, tiny_target
 
+from tensorrt_llm_dflash.compat import chat_token_ids
 from tensorrt_llm_dflash.serve.api import ServerSettings, create_app
 from tensorrt_llm_dflash.serve.engine import Engine
 from tensorrt_llm_dflash.serve.runner import BatchRunner, DecoderSpec, RowRequest, RowStep, graphed_rows
@@ -42,7 +43,7 @@ class TinyModels:
         return list(self.tokenizer(text)["input_ids"])
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        return chat_token_ids(self.tokenizer, messages)
 
     def solo_ids(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
         """The prompt's own greedy continuation from transformers' generate (cached)."""

@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from ..compat import chat_token_ids
 from ..errors import DFlashError
 from .engine import Engine, EngineStopped, Event, Failed, Finished, QueueFull, TextDelta
 from .protocol import (
@@ -151,7 +152,7 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
             raise InvalidRequest("messages", "messages: this model's tokenizer has no chat template; use "
                                              "/v1/completions with the prompt text")
         try:
-            ids = list(tokenizer.apply_chat_template(chat_messages(body), add_generation_prompt=True))
+            ids = chat_token_ids(tokenizer, chat_messages(body))
         except Exception as err:  # noqa: BLE001 - a template may refuse a conversation (roles out of order, ...)
             raise InvalidRequest("messages", f"messages: the chat template refused them: {err}") from None
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
