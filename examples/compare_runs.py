@@ -12,23 +12,14 @@ a |z| near 1 is what two runs of the same drafter give. Compare a committed run 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tensorrt_llm_dflash.bench import RequestRecord, prompt_tau_spread  # noqa: E402
+from tensorrt_llm_dflash.bench import prompt_tau_spread, read_records  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashInputError  # noqa: E402
-
-
-def _records(path: str) -> dict[str, list[RequestRecord]]:
-    try:
-        doc = json.loads(Path(path).read_text())
-        return {label: [RequestRecord(**row) for row in rows] for label, rows in doc["per_prompt"].items()}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise DFlashInputError(f"{path}: not a results.json written by examples/benchmark.py ({exc})") from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("before", help="results.json of the earlier run")
     ap.add_argument("after", help="results.json of the later run")
     args = ap.parse_args(argv)
-    before, after = _records(args.before), _records(args.after)
+    before, after = read_records(args.before), read_records(args.after)
     shared = [m for m in before if m in after and m not in ("ar", "hf")]
     if not shared:
         raise DFlashInputError(f"{args.before} and {args.after} share no speculative method")

@@ -12,7 +12,6 @@ the context: there prompt lookup has a candidate, and a drafter can win by copyi
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tensorrt_llm_dflash.bench import (  # noqa: E402
     copyable_steps,
     encode_prompt,
     load_prompts,
+    read_results,
     summarize_method,
 )
 from tensorrt_llm_dflash.errors import DFlashInputError  # noqa: E402
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", help="a results.json written by examples/benchmark.py")
     args = ap.parse_args(argv)
-    doc = json.loads(Path(args.results).read_text())
+    doc = read_results(args.results)
     cfg = doc["config"]
     tokenizer = load_tokenizer(cfg.get("target_model_dir"))
     prompts = [encode_prompt(tokenizer, p, cfg["chat_template"])

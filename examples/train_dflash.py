@@ -49,7 +49,7 @@ from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError  # noqa: E402
-from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
+from tensorrt_llm_dflash.files import atomic_write_json, unpacked  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
 from tensorrt_llm_dflash.training.data import (  # noqa: E402
     build_conversation_data,
@@ -275,7 +275,7 @@ def load_dataset(args: argparse.Namespace) -> Dataset:
 def drafter_digest(path: str) -> str:
     """What identifies a drafter to start from: the sha256 of its weight files."""
     digest = hashlib.sha256()
-    for file in sorted(Path(path).glob("*.safetensors")):
+    for file in sorted(unpacked(path).glob("*.safetensors")):
         digest.update(file.read_bytes())
     return digest.hexdigest()
 

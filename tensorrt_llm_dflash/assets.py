@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import DFlashError
+from .files import PACKED_SUFFIX, unpacked
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 DEMO_DRAFTER_DIR = ASSETS_DIR / "smollm2-135m-instruct-dflash"
@@ -19,9 +20,13 @@ DEMO_DDTREE_BUDGET = 8
 
 
 def demo_drafter_dir() -> Path | None:
-    """The shipped demo drafter, or None if this checkout has none yet."""
-    if (DEMO_DRAFTER_DIR / "config.json").is_file() and (DEMO_DRAFTER_DIR / "model.safetensors").is_file():
-        return DEMO_DRAFTER_DIR
+    """The shipped demo drafter as a plain drafter directory, or None if this checkout has none yet.
+
+    Its weights ship xz-compressed (files.unpacked): the first call unpacks them into the cache."""
+    weights = DEMO_DRAFTER_DIR / "model.safetensors"
+    packed = weights.with_name(weights.name + PACKED_SUFFIX)
+    if (DEMO_DRAFTER_DIR / "config.json").is_file() and (weights.is_file() or packed.is_file()):
+        return unpacked(DEMO_DRAFTER_DIR)
     return None
 
 

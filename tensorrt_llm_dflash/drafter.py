@@ -33,7 +33,7 @@ from torch import nn
 from .compat import rope_inv_freq
 from .config import DFlashDraftConfig
 from .errors import DFlashConfigError
-from .files import atomic_save_safetensors
+from .files import atomic_save_safetensors, unpacked
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -434,7 +434,7 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     checksums (metadata ``dflash_sha256``, written by :func:`save_dflash_drafter`) every
     tensor's bytes are verified; a fault is a DFlashConfigError naming the file (and tensor).
     """
-    path = Path(path)
+    path = unpacked(path)  # the shipped drafters' weights are xz-packed
     tensors: dict[str, torch.Tensor] = {}
     for name in _checkpoint_files(path):
         file = path / name

@@ -238,3 +238,73 @@ def utf8_text(data: bytes, path: Path, kind: str) -> str:
 def _line_column(data: bytes, offset: int) -> tuple[int, int]:
     """1-based line and byte column of ``offset``."""
     return data.count(b"\n", 0, offset) + 1, offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+
+
+# ------------------------------------------------------------------ packed weights
+
+#: Weights this package ships xz-compressed (``model.safetensors.xz``): bf16 weights lose ~30% to xz,
+#: which keeps the checkout and the wheel small. Loaders see a plain directory through unpacked().
+PACKED_SUFFIX = ".xz"
+
+
+def cache_root() -> Path:
+    """``$TENSORRT_LLM_DFLASH_CACHE`` or ``~/.cache/tensorrt_llm_dflash``: what this package derives once and keeps."""
+    return Path(os.environ.get("TENSORRT_LLM_DFLASH_CACHE") or Path.home() / ".cache" / "tensorrt_llm_dflash")
+
+
+def _packed(directory: Path) -> list[Path]:
+    """The ``*.safetensors.xz`` files of a directory that have no unpacked sibling."""
+    return sorted(p for p in directory.glob(f"*.safetensors{PACKED_SUFFIX}")
+                  if not (directory / p.name[: -len(PACKED_SUFFIX)]).exists())
+
+
+def unpacked(directory: str | Path) -> Path:
+    """``directory`` itself, or, where it holds packed weights, a plain copy of it in the cache.
+
+    The copy (``<cache_root>/unpacked/<name>-<digest of the packed files>``) is made once: built aside
+    and renamed into place complete, so a kill leaves no half directory, and two processes unpacking
+    at once both end with the same complete one. A damaged archive is a DFlashInputError naming it.
+    """
+    import hashlib
+    import lzma
+
+    directory = Path(directory)
+    packed = _packed(directory) if directory.is_dir() else []
+    if not packed:
+        return directory
+    digest = hashlib.sha256()
+    for file in packed:
+        with open(file, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    final = cache_root() / "unpacked" / f"{directory.name}-{digest.hexdigest()[:16]}"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = _temp_sibling(final, _STAGING_TAG)
+    staging.mkdir()
+    try:
+        for entry in directory.iterdir():
+            if entry in packed:
+                try:
+                    with lzma.open(entry) as src, open(staging / entry.name[: -len(PACKED_SUFFIX)], "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                        dst.flush()
+                        os.fsync(dst.fileno())
+                except (lzma.LZMAError, EOFError) as err:
+                    raise DFlashInputError(f"packed weights {entry} are damaged ({err}): reinstall the package or "
+                                           "restore the file") from err
+            elif entry.is_file() and not entry.name.startswith("."):
+                shutil.copy2(entry, staging / entry.name)
+        _fsync_dir(staging)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if not final.is_dir():
+                raise
+            shutil.rmtree(staging, ignore_errors=True)  # another process published the same copy first
+        _fsync_dir(final.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final

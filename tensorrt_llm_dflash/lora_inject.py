@@ -35,6 +35,7 @@ from torch import nn
 
 from .compat import CACHE_KWARG
 from .errors import DFlashConfigError
+from .files import unpacked
 from .target import HFTargetVerifier
 
 CONFIG_NAME = "dflash_lora_inject.json"
@@ -395,9 +396,9 @@ class DFlashLoRAInjectDraftModel(nn.Module):
         from peft import LoraConfig
         from safetensors.torch import load_file
 
-        path = Path(path)
-        if not path.is_dir():
+        if not Path(path).is_dir():
             raise DFlashConfigError(f"draft_model_dir={str(path)!r} is not a directory")
+        path = unpacked(path)  # the shipped adapter's weights are xz-packed
         config = LoRAInjectConfig.load(path)
         config.check_target(target)
         if not (path / "adapter_config.json").is_file() or not (path / ADAPTER_WEIGHTS).is_file():

@@ -516,7 +516,7 @@ def test_tiny_end_to_end_greedy(tiny_pair, tmp_path, monkeypatch):
     for p in written:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    doc = bench.read_results(tmp_path / "out" / "results.json")
     assert doc["all_outputs_match"] is True
     assert doc["machine"]["torch"] and doc["command"].startswith("python examples/benchmark.py")
     assert [r["output_ids"] for r in doc["per_prompt"]["ddtree:8"]] == [r.output_ids for r in records["ar"]]
@@ -766,3 +766,36 @@ def test_hf_static_baseline_is_never_compiled(tiny_pair):
     assert target._valid_auto_compile_criteria(kwargs, config) is True
     # The other transformers baselines keep their dynamic cache.
     assert bench.transformers_generation_config(ctx, bench.parse_methods(["hf"])[0]).cache_implementation is None
+
+
+def test_results_pack_the_per_prompt_records_and_read_back(tiny_pair, tmp_path):
+    """results.json keeps its summary as plain JSON and the per-prompt records gzip-packed (a tenth of
+    the size); read_results restores them, and runs written before packing still read."""
+    target, drafter = tiny_pair
+    methods = bench.parse_methods(["ar", "dflash"])
+    ctx = bench.BenchContext(target, 8, SamplingParams(), drafter=drafter)
+    records = bench.run_benchmark(ctx, methods, tiny_prompts(tmp_path), warmup=False, progress=False)
+    summary = bench.summarize(records, methods, greedy=True)
+    bench.write_results(tmp_path / "out", summary, records, {"command": "test", "config": {}})
+    on_disk = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert "per_prompt" not in on_disk and on_disk["methods"]["dflash"]["outputs_match"] is True
+    doc = bench.read_results(tmp_path / "out" / "results.json")
+    assert doc["per_prompt"] == json.loads(json.dumps({k: [dataclasses.asdict(r) for r in v]
+                                                       for k, v in records.items()}))
+    assert bench.read_records(tmp_path / "out" / "results.json") == records
+    plain = {**{k: v for k, v in on_disk.items() if k != bench.PER_PROMPT_PACKED}, "per_prompt": doc["per_prompt"]}
+    (tmp_path / "old.json").write_text(json.dumps(plain))
+    assert bench.read_records(tmp_path / "old.json") == records
+    on_disk[bench.PER_PROMPT_PACKED] = on_disk[bench.PER_PROMPT_PACKED][:-8]  # truncated: refused by name
+    (tmp_path / "bad.json").write_text(json.dumps(on_disk))
+    with pytest.raises(DFlashInputError, match="bad.json: not a results.json"):
+        bench.read_results(tmp_path / "bad.json")
+
+
+def test_committed_benchmark_records_read():
+    """Every results.json under benchmarks/ reads, records and all (the README's numbers come from them)."""
+    files = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("*/results.json"))
+    assert files
+    for path in files:
+        records = bench.read_records(path)
+        assert records and all(rows for rows in records.values()), path

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from example_cli import load_example
 from tiny_dirs import save_tiny_target_dir
 from tiny_models import tiny_drafter, tiny_target
 
-from tensorrt_llm_dflash.errors import DFlashConfigError
+from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashInputError
 from tensorrt_llm_dflash.files import atomic_torch_save, atomic_write, atomic_write_text, publish_dir
 
 
@@ -203,3 +204,85 @@ def test_lora_inject_training_end_to_end_publishes_a_lossless_adapter_and_guards
     assert lora.main(["--target_model_dir", str(second), "--work_dir", str(tmp_path / "lw2"), "--output_dir",
                       str(tmp_path / "adapter2"), *common]) == 2
     assert f"--data_dir {str(work)!r} was made for another target" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ packed weights
+
+
+def _packed_dir(tmp_path: Path) -> tuple[Path, bytes]:
+    import lzma
+
+    source = tmp_path / "drafter"
+    source.mkdir()
+    payload = bytes(range(256)) * 1000
+    (source / "model.safetensors.xz").write_bytes(lzma.compress(payload))
+    (source / "config.json").write_text('{"a": 1}')
+    (source / ".hidden").write_text("not copied")
+    return source, payload
+
+
+def test_unpacked_makes_one_complete_plain_copy(tmp_path, monkeypatch):
+    from tensorrt_llm_dflash.files import unpacked
+
+    monkeypatch.setenv("TENSORRT_LLM_DFLASH_CACHE", str(tmp_path / "cache"))
+    source, payload = _packed_dir(tmp_path)
+    plain = unpacked(source)
+    assert plain != source and plain.parent == tmp_path / "cache" / "unpacked"
+    assert (plain / "model.safetensors").read_bytes() == payload
+    assert (plain / "config.json").read_text() == '{"a": 1}' and not (plain / ".hidden").exists()
+    assert not (plain / "model.safetensors.xz").exists()
+    mtime = (plain / "model.safetensors").stat().st_mtime_ns
+    assert unpacked(source) == plain and (plain / "model.safetensors").stat().st_mtime_ns == mtime  # made once
+    assert [p.name for p in plain.parent.iterdir()] == [plain.name]  # no staging left behind
+    # A plain directory (or one whose packed file already has its unpacked sibling) is used as it is.
+    assert unpacked(plain) == plain
+    (source / "model.safetensors").write_bytes(payload)
+    assert unpacked(source) == source
+
+
+def test_unpacked_refuses_a_damaged_archive_and_leaves_nothing(tmp_path, monkeypatch):
+    from tensorrt_llm_dflash.files import unpacked
+
+    monkeypatch.setenv("TENSORRT_LLM_DFLASH_CACHE", str(tmp_path / "cache"))
+    source, _ = _packed_dir(tmp_path)
+    archive = source / "model.safetensors.xz"
+    archive.write_bytes(archive.read_bytes()[:-40])
+    with pytest.raises(DFlashInputError, match="model.safetensors.xz are damaged"):
+        unpacked(source)
+    assert list((tmp_path / "cache" / "unpacked").iterdir()) == []
+
+
+def test_unpacked_loses_a_race_gracefully(tmp_path, monkeypatch):
+    """Two processes unpacking at once: the second rename finds the first's complete copy and uses it."""
+    import tensorrt_llm_dflash.files as files
+
+    monkeypatch.setenv("TENSORRT_LLM_DFLASH_CACHE", str(tmp_path / "cache"))
+    source, payload = _packed_dir(tmp_path)
+    first = files.unpacked(source)
+    real_is_dir = Path.is_dir
+    calls = {"n": 0}
+
+    def not_there_yet(self: Path) -> bool:  # the other process has not published when this one looks
+        if self == first and calls["n"] == 0:
+            calls["n"] += 1
+            return False
+        return real_is_dir(self)
+
+    monkeypatch.setattr(Path, "is_dir", not_there_yet)
+    assert files.unpacked(source) == first
+    assert (first / "model.safetensors").read_bytes() == payload
+    assert [p.name for p in first.parent.iterdir()] == [first.name]
+
+
+def test_shipped_assets_are_packed_and_load():
+    """The demo drafter and the LoRA-inject adapter ship xz-packed (a third smaller than bf16 raw) and load
+    through the loaders as plain directories."""
+    from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR, demo_drafter_dir
+    from tensorrt_llm_dflash.drafter import load_dflash_drafter
+    from tensorrt_llm_dflash.lora_inject import SHIPPED_DRAFTER_DIR
+
+    assert (DEMO_DRAFTER_DIR / "model.safetensors.xz").is_file()
+    assert (SHIPPED_DRAFTER_DIR / "adapter_model.safetensors.xz").is_file()
+    plain = demo_drafter_dir()
+    assert (plain / "model.safetensors").is_file() and (plain / "config.json").is_file()
+    assert load_dflash_drafter(DEMO_DRAFTER_DIR).config.block_size == load_dflash_drafter(plain).config.block_size

@@ -4,7 +4,7 @@ Training side: every user turn the built-in training data can hold, i.e.
 ``training.prompts.build_prompt_set()`` (the whole set) plus every user turn of
 ``training.chat_prompts.chat_conversations(8000)`` (more conversations than a training run
 draws, so the test covers them), plus the target-written user turns shipped in
-``examples/data/*user_turns*.jsonl`` (``examples/write_user_turns.py``; the writer already
+``examples/data/*user_turns*.jsonl.xz`` (``examples/write_user_turns.py``; the writer already
 drops any turn sharing an 8-gram with a benchmark prompt, this test checks the file as
 shipped). Benchmark side: the 164 HumanEval prompts and the packaged chat set
 (``--dataset chat``). The n-gram functions are ``tensorrt_llm_dflash.training.leakage``.
@@ -53,7 +53,7 @@ THRESHOLD = 0.10
 CHAT_CONVERSATIONS = 8000
 HUMANEVAL_PROMPTS = 164
 #: Training data files written by examples/write_user_turns.py and shipped in the repository.
-USER_TURN_FILES = sorted((Path(__file__).resolve().parents[1] / "examples" / "data").glob("*user_turns*.jsonl"))
+USER_TURN_FILES = sorted((Path(__file__).resolve().parents[1] / "examples" / "data").glob("*user_turns*.jsonl*"))
 
 
 def over_threshold(report: Sequence[tuple[float, str]], threshold: float = THRESHOLD) -> list[tuple[float, str]]:
@@ -74,7 +74,7 @@ def training_user_turns() -> list[str]:
         assert isinstance(conversation, tuple) and conversation, conversation
         assert all(isinstance(turn, str) for turn in conversation), conversation
         turns.extend(conversation)
-    assert USER_TURN_FILES, "examples/data/*user_turns*.jsonl (the shipped drafter's target-written turns) is missing"
+    assert USER_TURN_FILES, "examples/data/*user_turns*.jsonl.xz (the shipped drafter's target-written turns) is missing"
     for path in USER_TURN_FILES:  # the target-written turns the shipped drafter was trained on
         written = read_dataset(path).user_turns()
         assert written, path

@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny_models import cached_target, tiny_drafter, tiny_target
 
-from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR
+from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR, demo_drafter_dir
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE, DFlashDraftConfig
 from tensorrt_llm_dflash.drafter import (
     CHECKSUM_KEY,
@@ -354,7 +354,7 @@ def test_corrupted_or_truncated_drafter_weights_are_named(drafter_dir):
 
 
 def test_shipped_drafter_carries_checksums():
-    weights = DEMO_DRAFTER_DIR / "model.safetensors"
+    weights = demo_drafter_dir() / "model.safetensors"
     with safe_open(str(weights), framework="pt") as f:
         metadata = f.metadata()
         tensors = {name: f.get_tensor(name) for name in f.keys()}

@@ -28,7 +28,7 @@ from ..drafter import (
     read_safetensors_dir,
 )
 from ..errors import DFlashConfigError
-from ..files import atomic_save_safetensors, atomic_write_json
+from ..files import atomic_save_safetensors, atomic_write_json, unpacked
 from .config import DFlash2Config
 from .model import DFlash2DraftModel
 
@@ -71,6 +71,7 @@ def read_header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     from safetensors import SafetensorError, safe_open
 
     shapes: dict[str, tuple[int, ...]] = {}
+    path = unpacked(path)  # xz-packed weights (files.unpacked) read like plain ones
     for file_name in _checkpoint_files(path):
         file = path / file_name
         check_safetensors_file(file, "drafter weights")

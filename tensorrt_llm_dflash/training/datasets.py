@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import io
 import json
+import lzma
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,11 @@ def read_dataset(path: str | Path, answers: str = "regenerate", strict: bool = F
         data = path.read_bytes()
     except OSError as err:
         raise DFlashInputError(f"{flag} {str(path)!r} cannot be read: {err.strerror or err}") from None
+    if path.suffix == ".xz":  # shipped data files are xz-compressed (a quarter of the size); same content hash
+        try:
+            data = lzma.decompress(data)
+        except (lzma.LZMAError, EOFError) as err:
+            raise DFlashInputError(f"{flag} {str(path)!r} is not a complete .xz file: {err}") from None
     text = utf8_text(data, path, "dataset")
     conversations: list[Conversation] = []
     bad: list[BadLine] = []
