@@ -574,6 +574,7 @@ def activation(input: Tensor, act_type: trt.ActivationType) -> Tensor:
 
 
 relu = partial(activation, act_type=trt.ActivationType.RELU)
+tanh = partial(activation, act_type=trt.ActivationType.TANH)
 sigmoid = partial(activation, act_type=trt.ActivationType.SIGMOID)
 
 
