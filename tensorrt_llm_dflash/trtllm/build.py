@@ -15,7 +15,8 @@ So ``dflash`` is this project's own CLI name. This entry point:
    config carrying ``max_draft_len`` (older releases did), so the mode would stay ``NONE``:
    ``max_seq_len`` and ``max_num_tokens`` would not grow by the tree while the
    ``spec_decoding_*`` inputs were still declared;
-   It also refuses, by name, an engine TensorRT-LLM's tree-verification attention has no kernel
+   It also refuses, by name, a DFlash2 section (``dflash.dflash2``) the engine cannot build
+   (``dflash2_support.py``), and an engine TensorRT-LLM's tree-verification attention has no kernel
    for (the target's head group and head size, ``--tokens_per_block``, and the GPU's SM when this
    machine has one; ``kernel_support.py``): such an engine would build and then abort at its
    first verify step ("No available XQA kernels are found for speculative decoding mode");
@@ -51,6 +52,7 @@ from pathlib import Path
 
 from ..errors import DFlashConfigError, DFlashError
 from .constants import ARCHITECTURE, DFLASH_MODE, MAX_DRAFT_LEN_ENV, MAX_ENGINE_DRAFT_LEN, MODE_FLAG, TRTLLM_MODE
+from .dflash2_support import check_section
 from .kernel_support import DEFAULT_TOKENS_PER_BLOCK, TargetAttention, device_sm, spec_decoding_kernel
 
 
@@ -122,6 +124,9 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
             f"block_size - 1 = {block_size - 1} draft tokens, and TensorRT-LLM builds tree speculative decoding with "
             f"at most {MAX_ENGINE_DRAFT_LEN} (tensorrt_llm/builder.py); pass the largest --ddtree_budget you will run"
         )
+    if config["dflash"].get("dflash2") is not None:  # a DFlash2 drafter: what the engine builds of it
+        check_section(config["dflash"]["dflash2"], hidden_size=int(config["dflash"]["hidden_size"]),
+                      vocab_size=int(config["vocab_size"]), where=f"{ckpt}/config.json dflash.dflash2")
     check_kernels(argv, config, Path(ckpt) / "config.json")
     return True, max_draft_len
 

@@ -30,7 +30,18 @@ One pass (generation phase, one request per batch row; see docs/trtllm_engine.md
    (``dflash_bonus``); a context request accepts all its tokens.
 5. The drafter block ``[bonus, MASK x (B-1)]`` at positions ``committed .. committed+B-1``
    attends to the buffer, to the accepted tokens of this pass (masked, no copy) and to
-   itself (no mask) -> ``norm`` -> lm_head -> ``medusa_logits``.
+   itself (no mask; a sliding-window layer also masks keys ``sliding_window`` or more
+   positions behind the query) -> ``norm`` -> lm_head -> ``medusa_logits``.
+
+A DFlash2 drafter (``dflash.dflash2`` in the config, docs/dflash2.md) adds, in the same pass:
+each sublayer of the block wrapped by its grouped dynamic causal convolution (step 5), and the
+candidate selector on the block's hidden states: unary scores ``softcap(output_multiplier *
+lm_head(h))`` (``medusa_logits``), their top-K candidates per position (ties to the lower token
+id), the pairwise term of every candidate after every predecessor it can follow (the bonus at
+depth 1, the previous depth's candidates after), and the selector's greedy chain. They leave the
+engine as ``dflash2_candidates``, ``dflash2_candidate_logits``, ``dflash2_edges`` and
+``dflash2_draft_tokens`` (docs/trtllm_engine.md); the runner drafts the chain from the last and
+builds the DFlash2 tree (or samples the chain at T > 0) from the tables.
 
 Imports tensorrt_llm at module level (import only where TensorRT-LLM 1.2.1 is installed).
 """
@@ -65,9 +76,11 @@ from tensorrt_llm.functional import (
     sin,
     slice,
     softmax,
+    tanh,
     unsqueeze,
     view,
 )
+from tensorrt_llm.functional import max as reduce_max
 from tensorrt_llm.functional import sum as reduce_sum
 from tensorrt_llm.layers import ColumnLinear, GatedMLP, RmsNorm, RowLinear
 from tensorrt_llm.layers.attention import SpecDecodingParams
@@ -84,6 +97,7 @@ from ..errors import DFlashConfigError
 from . import plugins
 from .config import DFlashConfig
 from .constants import ARCHITECTURE, MAX_ENGINE_DRAFT_LEN
+from .dflash2_support import check_section
 from .kernel_support import TargetAttention, spec_decoding_kernel
 
 #: Engine I/O added by DFlash (docs/trtllm_engine.md lists shapes and dtypes).
@@ -94,6 +108,13 @@ INPUT_NAMES = (
 )
 OUTPUT_NAMES = ("medusa_logits", "dflash_token_context_kv", "dflash_bonus", "dflash_num_accepted",
                 "dflash_committed_lengths")
+#: Engine outputs added for a DFlash2 drafter (batch first; docs/trtllm_engine.md).
+DFLASH2_OUTPUT_DTYPES = {"dflash2_candidates": "int32", "dflash2_candidate_logits": "float32",
+                         "dflash2_edges": "float32", "dflash2_draft_tokens": "int32"}
+DFLASH2_OUTPUT_NAMES = tuple(DFLASH2_OUTPUT_DTYPES)
+#: Additive mask value of a hidden key (exp underflows to exactly 0 in float32, as -inf would,
+#: without the NaN of -inf * 0); also what takes a chosen candidate out of the next max pass.
+_HIDDEN = 1e30
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -121,6 +142,38 @@ def _rotate_half(x: Tensor, head_size: int) -> Tensor:
     x1 = slice(x, starts + [0], sizes)
     x2 = slice(x, starts + [half], sizes)
     return concat([x2 * -1.0, x1], dim=x.ndim() - 1)
+
+
+def _first_argmax(x: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """(index int32 [n, 1], value [n, 1]) of the first maximum along the last dim of x [n, width],
+    as ``torch.argmax`` takes it: the maxima are marked exactly (eq to the row max), and an argmax
+    over ``marked * (width - index)`` has a unique winner, so the result does not depend on how
+    TensorRT's TopK orders ties."""
+    top = reduce_max(x, dim=1, keepdim=True)
+    first = constant((width - np.arange(width)).astype(np.float32)[None])  # exact below 2**24
+    return _int(argmax(cast(eq(x, top), "float32") * first, dim=1, keepdim=True)), top
+
+
+def _top_k(x: Tensor, k: int, width: int) -> tuple[Tensor, Tensor]:
+    """(values [n, k], indices int32 [n, k]) of the k largest entries of x [n, width] (float32), in
+    the PyTorch runtime's order (dflash2/selector.py, ``top_candidates``): descending, ties to the
+    lower index. One max pass per candidate (k is at most dflash2_support.MAX_ENGINE_TOP_K)."""
+    columns = constant(np.arange(width, dtype=np.int32)[None])
+    values, indices = [], []
+    for _ in range(k):
+        index, value = _first_argmax(x, width)
+        values.append(value)
+        indices.append(index)
+        x = x - cast(eq(columns, index), "float32") * _HIDDEN  # out of the next passes
+    return concat(values, dim=1), concat(indices, dim=1)
+
+
+def sliding_window(sub: dict[str, Any], layer: int) -> int | None:
+    """The sliding window of draft layer ``layer`` (None: full attention), as drafter.py reads it
+    from ``layer_types`` and ``sliding_window``."""
+    kinds = sub.get("layer_types") or []
+    sliding = layer < len(kinds) and kinds[layer] == "sliding_attention"
+    return int(sub["sliding_window"]) if sliding else None
 
 
 def rotary_tables(sub: dict[str, Any]) -> tuple[np.ndarray, float]:
@@ -196,6 +249,58 @@ class DFlashDraftAttention(Module):
         return self.dense(view(out, concat([shape(out, 0), shape(out, 1), self.num_heads * self.head_size])))
 
 
+class GroupedDynamicConv(Module):
+    """DFlash2's convolution pair around one sublayer (``layers.{i}.{attention,mlp}_conv``), as
+    ``dflash2/model.py::GroupedDynamicConv``: ``c = kernel_projection(y)`` viewed [b, B, 2, T, G],
+    ``mix_s(z)[t] = sum_o (base_kernel[s, o] + c[t, s, o, group]) * z[t - o]``, z zero before the
+    block. Replicated on every rank (it mixes the full hidden state)."""
+
+    def __init__(self, hidden_size: int, taps: int, group_size: int, block_size: int, dtype: str) -> None:
+        super().__init__()
+        self.hidden_size, self.taps, self.group_size = hidden_size, taps, group_size
+        self.groups, self.block_size = hidden_size // group_size, block_size
+        self.base_kernel = Parameter(shape=(2, taps, hidden_size), dtype=dtype)
+        self.kernel_projection = ColumnLinear(hidden_size, 2 * taps * self.groups, bias=False, dtype=dtype,
+                                              tp_size=1, gather_output=True)
+
+    def coefficients(self, normed: Tensor) -> Tensor:
+        """The dynamic taps of every block position, [b, B, 2 * T * G], from the sublayer's normed input."""
+        return self.kernel_projection(normed)
+
+    def mix(self, z: Tensor, coefficients: Tensor, side: int) -> Tensor:
+        """``mix_side(z)`` for z [b, B, H] (one block per row)."""
+        b, blk, h, taps, groups = shape(z, 0), self.block_size, self.hidden_size, self.taps, self.groups
+        c = view(coefficients, concat([b, blk, 2, taps, groups, 1]))
+        c = slice(c, [0, 0, side, 0, 0, 0], concat([b, blk, 1, taps, groups, 1]))
+        # repeat_interleave over the channels of a group: expand the trailing 1, fold into H.
+        dynamic = view(expand(c, concat([b, blk, 1, taps, groups, self.group_size])), concat([b, blk, taps, h]))
+        base = view(slice(self.base_kernel.value, [side, 0, 0], [1, taps, h]), [taps, h])
+        kernel = dynamic + base  # [b, B, T, H], the sum the PyTorch runtime forms in the model dtype
+
+        def tap(offset: int) -> Tensor:
+            return view(slice(kernel, [0, 0, offset, 0], concat([b, blk, 1, h])), concat([b, blk, h]))
+
+        out = tap(0) * z
+        for offset in range(1, min(taps, blk)):  # a tap reaching before the block start reads zeros
+            zeros = expand(cast(constant(np.zeros((1, offset, h), np.float32)), z.dtype), concat([b, offset, h]))
+            shifted = concat([zeros, slice(z, [0, 0, 0], concat([b, blk - offset, h]))], dim=1)  # z[t - offset]
+            out = out + tap(offset) * shifted
+        return out
+
+
+class CandidateSelector(Module):
+    """``candidate_selector.*`` (replicated): the rank-r pairwise term between a token and the one
+    before it. The codebooks are raw [vocab, r] tensors, as published."""
+
+    def __init__(self, hidden_size: int, vocab_size: int, rank: int, dtype: str) -> None:
+        super().__init__()
+        self.rank = rank
+        self.hidden_projection = ColumnLinear(hidden_size, rank, bias=False, dtype=dtype, tp_size=1,
+                                              gather_output=True)
+        self.predecessor_codebook = Parameter(shape=(vocab_size, rank), dtype=dtype)
+        self.successor_codebook = Parameter(shape=(vocab_size, rank), dtype=dtype)
+
+
 class DFlashDraftLayer(Module):
     def __init__(self, sub: dict[str, Any], dtype: str, mapping: Mapping) -> None:
         super().__init__()
@@ -206,6 +311,12 @@ class DFlashDraftLayer(Module):
         self.mlp = GatedMLP(hidden_size=sub["hidden_size"], ffn_hidden_size=sub["intermediate_size"],
                             hidden_act=sub["hidden_act"], dtype=dtype, bias=False, tp_group=mapping.tp_group,
                             tp_size=mapping.tp_size)
+        settings = sub.get("dflash2")
+        if settings is not None:
+            args = (sub["hidden_size"], settings["conv_kernel_size"], settings["conv_group_size"],
+                    int(sub["block_size"]), dtype)
+            self.attention_conv = GroupedDynamicConv(*args)
+            self.mlp_conv = GroupedDynamicConv(*args)
 
 
 class DFlashDrafter(Module):
@@ -227,6 +338,10 @@ class DFlashDrafter(Module):
                                         dtype=dtype, tp_group=mapping.tp_group, tp_size=mapping.tp_size,
                                         gather_output=True)
             self.d2t = Parameter(shape=(self.draft_vocab_size,), dtype="int32")
+        self.dflash2 = sub.get("dflash2")
+        if self.dflash2 is not None:
+            self.candidate_selector = CandidateSelector(hidden, config.vocab_size, self.dflash2["selector_rank"],
+                                                        dtype)
 
 
 # ------------------------------------------------------------------------------- model
@@ -251,6 +366,9 @@ class DFlashForCausalLM(PretrainedModel):
                         f"{MAX_ENGINE_DRAFT_LEN} (TensorRT-LLM builds tree speculative decoding with at most "
                         f"{MAX_ENGINE_DRAFT_LEN} draft tokens)")
                 self.layer_ids = [int(i) for i in self.sub["target_layer_ids"]]
+                if self.sub.get("dflash2") is not None:  # also when the network is built without build.py
+                    check_section(self.sub["dflash2"], hidden_size=int(self.sub["hidden_size"]),
+                                  vocab_size=int(config.vocab_size), where="dflash.dflash2")
                 self.dflash = DFlashDrafter(config)
                 self.inv_freq, self.rope_scaling = rotary_tables(self.sub)
                 self._captured: dict[int, Tensor] = {}
@@ -294,7 +412,14 @@ class DFlashForCausalLM(PretrainedModel):
                 lm_logits = outputs[0]
                 token_kv = self._context_kv(kwargs["position_ids"])
                 acc, num_accepted, bonus = self._greedy_walk(dflash, kwargs, lm_logits)
-                medusa_logits = self._draft_block(dflash, token_kv, acc, num_accepted, bonus)
+                hidden = self._draft_block(dflash, kwargs["position_ids"], token_kv, acc, num_accepted, bonus)
+                if self.dflash.dflash2 is None:
+                    medusa_logits = self._draft_logits(hidden)
+                else:
+                    medusa_logits, selected = self._selector(hidden, bonus)
+                    for name in DFLASH2_OUTPUT_NAMES:
+                        selected[name].mark_output(name, DFLASH2_OUTPUT_DTYPES[name])
+                medusa_logits = cast(medusa_logits, self.config.logits_dtype).permute([1, 0, 2])  # [B-1, b, V]
                 medusa_logits.mark_output("medusa_logits", self.config.logits_dtype)
                 token_kv.mark_output("dflash_token_context_kv", self.config.dtype)
                 bonus.mark_output("dflash_bonus", "int32")
@@ -385,24 +510,39 @@ class DFlashForCausalLM(PretrainedModel):
                 bonus = view(gather(choice, 1, last), concat([b]))
                 return acc, num_accepted, bonus
 
-            def _draft_block(self, dflash: dict[str, Tensor], token_kv: Tensor, acc: Tensor,
+            def _draft_block(self, dflash: dict[str, Tensor], position_ids: Tensor, token_kv: Tensor, acc: Tensor,
                              num_accepted: Tensor, bonus: Tensor) -> Tensor:
+                """The drafter's normed hidden states at block slots 1..B-1, [b, B-1, H]."""
                 sub, bsz = self.sub, self.block_size
                 b = shape(bonus, 0)
                 mask_ids = constant(np.full((1, bsz - 1), sub["mask_token_id"], dtype=np.int32))
                 block_ids = concat([unsqueeze(bonus, 1), expand(mask_ids, concat([b, bsz - 1]))], dim=1)
                 x = self.transformer.vocab_embedding(block_ids)  # [b, B, H]
+                scale = 1.0 if self.dflash.dflash2 is None else float(self.dflash.dflash2["input_embedding_scale"])
+                if scale != 1.0:  # the raw rows times the scale, in float32 as torch scales a half tensor
+                    x = cast(cast(x, "float32") * scale, x.dtype)
                 committed = dflash["dflash_context_lengths"] + num_accepted
                 block_pos = unsqueeze(committed, 1) + constant(np.arange(bsz, dtype=np.int32)[None])
                 context_kv = dflash["dflash_context_kv"]  # [Ld, 2, b, C, kv, d]
                 ctx_cols = unsqueeze(_arange(shape(context_kv, 3)), 0)
                 ctx_ok = _int(lt(ctx_cols, unsqueeze(dflash["dflash_context_lengths"], 1)))
                 keep = concat([ctx_ok, acc, expand(constant(np.ones((1, bsz), np.int32)), concat([b, bsz]))], dim=1)
-                additive = view(cast(1 - keep, "float32") * -1e30, concat([b, 1, 1, shape(keep, 1)]))
+                additive = view(cast(1 - keep, "float32") * -_HIDDEN, concat([b, 1, 1, shape(keep, 1)]))
                 flat = view(dflash["dflash_node_index"], concat([shape(acc, 0) * shape(acc, 1)]))
+                masks: dict[int | None, Tensor] = {None: additive}
+                for window in sorted({sliding_window(self.sub, i) for i in range(len(self.dflash.layers))} - {None}):
+                    # Key positions: buffer row r holds position r (the committed tokens in order), a
+                    # node of this pass sits at its position_ids entry, the block at block_pos.
+                    node_pos = view(index_select(position_ids, 0, flat), concat([shape(acc, 0), shape(acc, 1)]))
+                    key_pos = concat([expand(ctx_cols, concat([b, shape(ctx_cols, 1)])), node_pos, block_pos], dim=1)
+                    masks[window] = self._window_mask(keep, block_pos, key_pos, window)
                 for i, layer in enumerate(self.dflash.layers):
                     att = layer.attention
+                    mask = masks[sliding_window(self.sub, i)]
                     h = layer.input_layernorm(x)
+                    if self.dflash.dflash2 is not None:  # DFlash2: the convolution pair around the attention
+                        taps = layer.attention_conv.coefficients(h)
+                        h = layer.attention_conv.mix(h, taps, 0)
                     q, k, v = att.split_qkv(h)
                     q = apply_rope(q, block_pos, self.inv_freq, self.rope_scaling, att.head_size)
                     k = apply_rope(k, block_pos, self.inv_freq, self.rope_scaling, att.head_size)
@@ -411,12 +551,81 @@ class DFlashForCausalLM(PretrainedModel):
                     layer_ctx = self._layer_kv(context_kv, i)  # [2, b, C, kv, d]
                     keys = concat([self._kv_part(layer_ctx, 0), self._kv_part(node_kv, 0), k], dim=1)
                     values = concat([self._kv_part(layer_ctx, 1), self._kv_part(node_kv, 1), v], dim=1)
-                    x = x + att.attend(q, keys, values, additive)
-                    x = x + layer.mlp(layer.post_layernorm(x))
+                    attended = att.attend(q, keys, values, mask)
+                    if self.dflash.dflash2 is not None:
+                        attended = layer.attention_conv.mix(attended, taps, 1)
+                    x = x + attended
+                    h = layer.post_layernorm(x)
+                    if self.dflash.dflash2 is None:
+                        x = x + layer.mlp(h)
+                    else:  # and around the MLP
+                        taps = layer.mlp_conv.coefficients(h)
+                        x = x + layer.mlp_conv.mix(layer.mlp(layer.mlp_conv.mix(h, taps, 0)), taps, 1)
                 out = self.dflash.norm(x)
-                out = slice(out, [0, 1, 0], concat([b, bsz - 1, shape(out, 2)]))  # positions 1..B-1
-                logits = self._draft_logits(out)  # [b, B-1, V]
-                return cast(logits, self.config.logits_dtype).permute([1, 0, 2])
+                return slice(out, [0, 1, 0], concat([b, bsz - 1, shape(out, 2)]))  # positions 1..B-1
+
+            @staticmethod
+            def _window_mask(keep: Tensor, block_pos: Tensor, key_pos: Tensor, window: int) -> Tensor:
+                """[b, 1, B, S] additive mask of a sliding-window layer: a key is visible while it is kept
+                and fewer than ``window`` positions behind the query (drafter.py, DFlashAttention)."""
+                near = _int(lt(unsqueeze(block_pos, 2) - unsqueeze(key_pos, 1), window))  # [b, B, S]
+                hidden = cast(1 - unsqueeze(keep, 1) * near, "float32") * -_HIDDEN
+                return unsqueeze(hidden, 1)
+
+            def _selector(self, hidden: Tensor, bonus: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+                """DFlash2's candidate selector on the block's hidden states [b, D, H] (D = B - 1), in
+                float32 as the PyTorch runtime scores a half-precision drafter (dflash2/proposer.py).
+
+                Returns the unary logits [b, D, V_padded] and the tables the runner drafts from: the
+                top-K candidates [b, D, K] and their unary scores, the pairwise term ``edges`` [b, D, K, K]
+                (row i of depth t: after candidate i of depth t - 1; at depth 1 every row is after the
+                bonus), and the greedy chain [b, D]."""
+                settings, depth, vocab = self.dflash.dflash2, self.block_size - 1, self.config.vocab_size
+                k, rank = int(settings["selector_top_k"]), int(settings["selector_rank"])
+                b = shape(hidden, 0)
+                unary = cast(self.lm_head(hidden), "float32")  # the target's head, shared (as DFlash)
+                if settings["output_multiplier"] != 1.0:
+                    unary = unary * float(settings["output_multiplier"])
+                cap = settings.get("final_logit_softcapping")
+                if cap:
+                    unary = tanh(unary / float(cap)) * float(cap)
+                # Padded vocabulary columns (tp > 1) are never candidates.
+                flat = view(slice(unary, [0, 0, 0], concat([b, depth, vocab])), concat([b * depth, vocab]))
+                values, tokens = _top_k(flat, k, vocab)
+                values, tokens = view(values, concat([b, depth, k])), view(tokens, concat([b, depth, k]))
+                selector = self.dflash.candidate_selector
+                gates = cast(selector.hidden_projection(hidden), "float32")  # [b, D, r]
+                root = expand(view(bonus, concat([b, 1, 1])), concat([b, 1, k]))
+                predecessors = root if depth == 1 else concat(
+                    [root, slice(tokens, [0, 0, 0], concat([b, depth - 1, k]))], dim=1)  # [b, D, K]
+
+                def rows(codebook: Parameter, ids: Tensor) -> Tensor:  # codebook rows, [b, D, K, r] float32
+                    picked = index_select(codebook.value, 0, view(ids, concat([b * depth * k])))
+                    return cast(view(picked, concat([b, depth, k, rank])), "float32")
+
+                pair = rows(selector.predecessor_codebook, predecessors) * unsqueeze(gates, 2)
+                edges = matmul(pair, rows(selector.successor_codebook, tokens), transb=True)  # [b, D, K, K]
+                selected = {"dflash2_candidates": tokens, "dflash2_candidate_logits": values, "dflash2_edges": edges,
+                            "dflash2_draft_tokens": self._selector_chain(values, tokens, edges)}
+                return unary, selected
+
+            def _selector_chain(self, values: Tensor, tokens: Tensor, edges: Tensor) -> Tensor:
+                """The selector's greedy walk [b, D]: at depth t the argmax (first maximum) of
+                ``unary_t + edges_t[row]``, row being the index of the previous choice (0 after the bonus)."""
+                depth, k = self.block_size - 1, int(self.dflash.dflash2["selector_top_k"])
+                b = shape(values, 0)
+                chosen, index = [], None
+                for t in range(depth):
+                    unary_t = view(slice(values, [0, t, 0], concat([b, 1, k])), concat([b, k]))
+                    edges_t = view(slice(edges, [0, t, 0, 0], concat([b, 1, k, k])), concat([b, k, k]))
+                    if index is None:
+                        edge = slice(edges_t, [0, 0, 0], concat([b, 1, k]))
+                    else:
+                        edge = gather(edges_t, 1, expand(unsqueeze(index, 2), concat([b, 1, k])))
+                    index, _ = _first_argmax(unary_t + view(edge, concat([b, k])), k)  # [b, 1]
+                    tokens_t = view(slice(tokens, [0, t, 0], concat([b, 1, k])), concat([b, k]))
+                    chosen.append(gather(tokens_t, 1, index))
+                return concat(chosen, dim=1)
 
             @staticmethod
             def _layer_kv(kv: Tensor, layer: int) -> Tensor:

@@ -28,6 +28,13 @@ and ``present_key_value_{i}`` (in place, as the gpt attention plugin expects); o
 (TensorRT-LLM's default), one block pool addressed through ``kv_cache_block_offsets`` and
 ``host_kv_cache_pool_pointers`` as TensorRT-LLM's KV cache manager lays it out.
 
+A DFlash2 engine (``dflash.dflash2`` in its config) drafts with its selector in-graph: the
+cached draft is an ``EngineSelectorDraft`` (the engine's candidates, unary scores, pairwise
+term and greedy chain), which the shared loop asks for the chain (``--ddtree_budget 0``, the
+in-graph chain itself at T = 0), a sampled chain (T > 0, accepted by rejection sampling against
+the selector's sparse distribution) or the DFlash2 tree, as it asks the PyTorch runtime's
+``SelectorDraft``.
+
 Batch size 1 (as decode.py). Tensor parallelism: launch with ``mpirun -n N``; every
 rank runs the same deterministic loop on identical logits (the lm_head gathers its
 output), rank r uses GPU ``r % gpus_per_node``.
@@ -45,8 +52,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..dflash2.selector import SelectorDraft
 from ..errors import DFlashConfigError, DFlashInputError
-from ..tree import DraftTree, batched_tree_inputs
+from ..sampling import SamplingParams
+from ..tree import DraftTree, batched_tree_inputs, build_chain
 from .kernel_support import TargetAttention, device_sm, spec_decoding_kernel
 
 #: trtllm-build flags the runtime needs (docs/trtllm_engine.md).
@@ -67,6 +76,61 @@ def read_engine_config(engine_dir: str | Path) -> dict[str, Any]:
             "examples/convert_checkpoint.py + trtllm-build --speculative_decoding_mode dflash"
         )
     return config
+
+
+class EngineSelectorDraft(SelectorDraft):
+    """A DFlash2 draft as a DFlash2 engine leaves it (model.py, ``_selector``): the decode loop
+    uses it exactly as the PyTorch runtime's ``SelectorDraft`` (chain, sampled chain and its
+    rejection sampling, DFlash2 tree), but the pairwise term was computed in-graph for every
+    predecessor a chain or tree can reach, so ``scores`` reads a table instead of the codebooks
+    (``gates``, ``successors`` and ``predecessor_codebook`` stay None).
+
+    ``unary`` [D, K] and ``tokens`` [D, K]: the candidates of depths 1..D and their unary scores;
+    ``edges`` [D, K, K]: row i of depth t is the pairwise term after candidate i of depth t - 1 (at
+    depth 1 every row is after ``root``, the engine's in-graph bonus); ``chain_tokens`` [D]: the
+    selector's greedy chain after ``root``, walked in-graph. Float32 on a GPU engine, as the
+    PyTorch runtime scores a half-precision drafter.
+
+    The engine drafted after its own greedy bonus. After another root (T > 0, or a target argmax
+    tie) the block is still a valid proposal and its first step is scored after the engine's root:
+    the chain is then drawn from that q and accepted against it, which keeps the output exact."""
+
+    def __init__(self, unary: torch.Tensor, tokens: torch.Tensor, edges: torch.Tensor, root: int,
+                 chain_tokens: torch.Tensor) -> None:
+        super().__init__(unary=unary, tokens=tokens, gates=None, successors=None, predecessor_codebook=None)
+        self.edges, self.root, self.chain_tokens = edges, int(root), chain_tokens
+
+    @classmethod
+    def from_outputs(cls, outputs: dict[str, torch.Tensor], root: int) -> EngineSelectorDraft:
+        """Batch row 0 of a pass's ``dflash2_*`` outputs (engine dtype and device, not copied)."""
+        return cls(unary=outputs["dflash2_candidate_logits"][0], tokens=outputs["dflash2_candidates"][0].long(),
+                   edges=outputs["dflash2_edges"][0], root=root, chain_tokens=outputs["dflash2_draft_tokens"][0])
+
+    def scores(self, depth: int, predecessor: int) -> torch.Tensor:
+        """score_{depth+1}(. | predecessor) over the K candidates of that depth (0-based ``depth``)."""
+        if depth == 0:
+            row = 0  # every row of depth 1 is the bonus's (see the class docstring for another root)
+        else:
+            hits = torch.nonzero(self.tokens[depth - 1] == int(predecessor))
+            if not len(hits):
+                raise DFlashInputError(
+                    f"token {predecessor} is not a depth-{depth} candidate of this DFlash2 draft: the engine scored "
+                    "the pairwise term after its candidates only")
+            row = int(hits[0, 0])
+        return self.unary[depth] + self.edges[depth, row]
+
+    def chain(self, root: int, depth: int, sampling: SamplingParams | None = None,
+              generator: torch.Generator | None = None) -> DraftTree:
+        """The greedy chain after the engine's own root is the one it walked in-graph (the same argmax
+        over the same float32 sums as ``SelectorDraft.chain`` over this table); anything else is
+        walked here."""
+        if (sampling is None or sampling.greedy) and int(root) == self.root:
+            self.sampled_q = None
+            return build_chain(root, self.chain_tokens[: min(depth, self.depth)].cpu().numpy())
+        return super().chain(root, depth, sampling, generator)
+
+    def __repr__(self) -> str:
+        return f"EngineSelectorDraft(depth={self.depth}, top_k={int(self.tokens.shape[1])}, root={self.root})"
 
 
 class DFlashEngineTarget:
@@ -113,6 +177,8 @@ class DFlashEngineTarget:
         self.draft_layers = int(sub["num_hidden_layers"])
         self.draft_kv_heads = max(int(sub["num_key_value_heads"]) // tp, 1)
         self.draft_head_size = int(sub["head_size"])
+        #: The DFlash2 settings of the drafter, None for DFlash (docs/trtllm_engine.md).
+        self.dflash2: dict[str, Any] | None = sub.get("dflash2")
         self.mismatched_drafts = 0
         #: Per verify pass: (in-graph accepted count, in-graph bonus, host accepted count, host bonus).
         self.walk_log: list[tuple[int, int, int, int]] = []
@@ -357,9 +423,11 @@ class DFlashEngineTarget:
 
     def _after_pass(self, outputs: dict[str, torch.Tensor]) -> None:
         self._last = outputs
-        # medusa_logits [B-1, batch, vocab_padded] -> [B-1, vocab]
-        self.cached_draft = outputs["medusa_logits"][:, 0, : self.vocab_size].float()
         self.cached_bonus = int(outputs["dflash_bonus"][0])
+        if self.dflash2 is not None:  # the selector's tables (model.py, _selector)
+            self.cached_draft = EngineSelectorDraft.from_outputs(outputs, self.cached_bonus)
+        else:  # medusa_logits [B-1, batch, vocab_padded] -> [B-1, vocab]
+            self.cached_draft = outputs["medusa_logits"][:, 0, : self.vocab_size].float()
 
     # ------------------------------------------------------------ TargetVerifier
     @torch.inference_mode()
@@ -431,11 +499,17 @@ class EngineProposer:
         self.target = target
         self.block_size = target.block_size
 
+    @property
+    def selects_tokens(self) -> bool:
+        """A DFlash2 engine's drafts choose their own tokens: the cost-aware policy, which ranks
+        marginals, cannot run them (decode.speculative_generate and run.py check this)."""
+        return self.target.dflash2 is not None
+
     def reset(self) -> None:
         self.target.mismatched_drafts = 0
         self.target.walk_log = []
 
-    def propose(self, root_token: int, new_context: torch.Tensor | None) -> torch.Tensor:
+    def propose(self, root_token: int, new_context: torch.Tensor | None) -> torch.Tensor | EngineSelectorDraft:
         target = self.target
         if target.cached_draft is None:
             raise DFlashInputError("propose() before prefill(): the engine drafts during target passes")

@@ -31,6 +31,15 @@ captured target hidden states are full (replicated after the row-parallel all-re
 so a replicated ``fc`` needs no communication. A reduced draft vocabulary adds
 ``dflash.lm_head.weight`` (the draft rows of the target lm_head, padded and split like
 ``lm_head``) and ``dflash.d2t`` (int32, replicated).
+
+A DFlash2 drafter (``tensorrt_llm_dflash/dflash2``, z-lab's layout, read by its own loader)
+converts into the same checkpoint plus ``dflash.dflash2`` in config.json (its convolution and
+selector settings, ``dflash2_support.py``) and, replicated on every rank, its published tensors
+under ``dflash.``: ``layers.{i}.{attention,mlp}_conv.base_kernel`` [2, taps, H] and
+``...kernel_projection.weight`` [2 * taps * H / group, H] (the convolutions act on the full
+hidden state, after the row-parallel all-reduce), ``candidate_selector.hidden_projection.weight``
+[rank, H] and ``candidate_selector.{predecessor,successor}_codebook`` [vocab, rank] (raw tensors,
+as published; ``...codebook.weight`` is read too and written without the suffix).
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ from ..compat import raw_config_rope
 from ..config import DFlashDraftConfig
 from ..errors import DFlashConfigError
 from .constants import ARCHITECTURE, MAX_ENGINE_DRAFT_LEN
+from .dflash2_support import check_section, engine_section
 
 DRAFTER_PREFIX = "dflash."
 SUPPORTED_TARGETS = {"qwen3": "qwen", "qwen2": "qwen", "llama": "llama", "mistral": "llama"}
@@ -179,9 +189,11 @@ def trtllm_config(
     tp_size: int,
     pp_size: int,
     max_draft_len: int | None = None,
+    dflash2: Any = None,
 ) -> dict[str, Any]:
     """The checkpoint's config.json: PretrainedConfig + QWenConfig/LLaMAConfig fields
-    (as their ``from_hugging_face`` would set them) + a ``dflash`` section."""
+    (as their ``from_hugging_face`` would set them) + a ``dflash`` section (with ``dflash2``,
+    the DFlash2 settings, when ``dflash2`` is a drafter's ``DFlash2Settings``)."""
     hf = target.hf_config
     if max_draft_len is not None and (isinstance(max_draft_len, bool) or not isinstance(max_draft_len, int)
                                       or not drafter.block_size - 1 <= max_draft_len <= MAX_ENGINE_DRAFT_LEN):
@@ -248,6 +260,9 @@ def trtllm_config(
         "hidden_act": drafter.hidden_act,
         "draft_vocab_size": drafter.draft_vocab_size,
     }
+    if dflash2 is not None:
+        config["dflash"]["dflash2"] = check_section(engine_section(dflash2), hidden_size=drafter.hidden_size,
+                                                    vocab_size=drafter.vocab_size, where="dflash_config")
     return config
 
 
@@ -343,8 +358,10 @@ def convert_rank(
     tp_size: int,
     rank: int,
     dtype: torch.dtype,
+    dflash2: Any = None,
 ) -> dict[str, torch.Tensor]:
-    """All TensorRT-LLM tensors of one tensor-parallel rank (pp_size 1)."""
+    """All TensorRT-LLM tensors of one tensor-parallel rank (pp_size 1); ``dflash2`` (the
+    drafter's ``DFlash2Settings``) adds its convolution and selector tensors."""
     out: dict[str, torch.Tensor] = {}
     embed = _get(target_tensors, "model.embed_tokens.weight")
     out["transformer.vocab_embedding.weight"] = embed.clone()
@@ -381,21 +398,57 @@ def convert_rank(
         draft_rows = lm_head.index_select(0, draft_ids)
         draft_padded = pad_vocab_size(drafter.draft_vocab_size, tp_size)
         out[DRAFTER_PREFIX + "lm_head.weight"] = split(_padded_rows(draft_rows, draft_padded), tp_size, rank, dim=0)
+    if dflash2 is not None:
+        # Replicated: the convolutions mix the full hidden state (after the all-reduce), and the
+        # selector scores the gathered logits of every rank alike.
+        for name in sorted(dflash2_tensor_names(drafter)):
+            out[DRAFTER_PREFIX + name] = _get(drafter_tensors, name).clone()
     converted = {name: t.to(dtype).contiguous() for name, t in out.items()}
     if drafter.draft_vocab_size is not None:
         converted[DRAFTER_PREFIX + "d2t"] = _get(drafter_tensors, "d2t").to(torch.int32).contiguous()
     return converted
 
 
+def dflash2_tensor_names(drafter: DFlashDraftConfig) -> list[str]:
+    """The DFlash2 tensors a converted checkpoint carries (published names, under ``dflash.``)."""
+    names = [f"layers.{i}.{conv}.{part}" for i in range(drafter.num_hidden_layers)
+             for conv in ("attention_conv", "mlp_conv") for part in ("base_kernel", "kernel_projection.weight")]
+    return names + ["candidate_selector.hidden_projection.weight", "candidate_selector.predecessor_codebook",
+                    "candidate_selector.successor_codebook"]
+
+
+def _read_drafter(drafter_dir: Path) -> tuple[DFlashDraftConfig, dict[str, torch.Tensor], Any]:
+    """(DFlash part of the config, tensors by published name, DFlash2 settings or None).
+
+    A DFlash2 directory (its ``architectures``) goes through the DFlash2 loader's checks: config
+    fields, then tensor names and shapes from the headers before any weight is read."""
+    from ..dflash2 import is_dflash2_dir
+    from ..drafter import check_state_dict, check_tensor_values, read_safetensors_dir
+
+    if not is_dflash2_dir(drafter_dir):
+        drafter = DFlashDraftConfig.from_pretrained(drafter_dir)
+        return drafter, check_state_dict(drafter, read_safetensors_dir(drafter_dir), source=drafter_dir), None
+    from ..dflash2.config import DFlash2Config
+    from ..dflash2.loader import check_dflash2_names, read_header_shapes
+
+    config = DFlash2Config.from_pretrained(drafter_dir)
+    # The engine's own limits, named by the drafter's field, before any weight is read.
+    check_section(engine_section(config.dflash2), hidden_size=config.base.hidden_size,
+                  vocab_size=config.base.vocab_size, where="dflash_config")
+    renamed = check_dflash2_names(config, read_header_shapes(drafter_dir), drafter_dir)
+    tensors = {renamed[name]: t for name, t in read_safetensors_dir(drafter_dir).items()}
+    check_tensor_values(tensors, drafter_dir)
+    return config.base, tensors, config.dflash2
+
+
 def load_and_check(
     target_dir: str | Path, drafter_dir: str | Path
-) -> tuple[TargetSpec, dict[str, torch.Tensor], DFlashDraftConfig, dict[str, torch.Tensor]]:
-    """Read both checkpoints and refuse a drafter that does not fit the target."""
-    from ..drafter import check_state_dict, read_safetensors_dir
-
+) -> tuple[TargetSpec, dict[str, torch.Tensor], DFlashDraftConfig, dict[str, torch.Tensor], Any]:
+    """Read both checkpoints and refuse a drafter that does not fit the target. The last item is
+    the drafter's ``DFlash2Settings`` (None for a DFlash drafter)."""
     target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
     target = TargetSpec.from_dir(target_dir)
-    drafter = DFlashDraftConfig.from_pretrained(drafter_dir)
+    drafter, drafter_tensors, dflash2 = _read_drafter(drafter_dir)
     target_tensors = read_hf_safetensors(target_dir)
     embed = _get(target_tensors, "model.embed_tokens.weight")
     drafter.validate_for_target(
@@ -404,14 +457,13 @@ def load_and_check(
         num_hidden_layers=target.num_layers,
         embedding_rows=int(embed.shape[0]),
     )
-    drafter_tensors = check_state_dict(drafter, read_safetensors_dir(drafter_dir), source=drafter_dir)
     if drafter.draft_vocab_size is not None:
         ids = torch.arange(drafter.draft_vocab_size) + drafter_tensors["d2t"].to(torch.int64)
         if int(ids.min()) < 0 or int(ids.max()) >= target.vocab_size:
             raise DFlashConfigError(
                 f"d2t maps draft tokens outside the target vocabulary 0..{target.vocab_size - 1}"
             )
-    return target, target_tensors, drafter, drafter_tensors
+    return target, target_tensors, drafter, drafter_tensors, dflash2
 
 
 def check_parallelism(target: TargetSpec, drafter: DFlashDraftConfig, tp_size: int, pp_size: int) -> None:
@@ -445,17 +497,17 @@ def iter_ranks(
     max_draft_len: int | None = None,
 ) -> Iterator[tuple[dict[str, Any], int, dict[str, torch.Tensor]]]:
     """Yield ``(config, rank, tensors)`` for every rank; the config is the same each time."""
-    target, target_tensors, drafter, drafter_tensors = load_and_check(target_dir, drafter_dir)
+    target, target_tensors, drafter, drafter_tensors, dflash2 = load_and_check(target_dir, drafter_dir)
     check_parallelism(target, drafter, tp_size, pp_size)
     if dtype == "auto":
         dtype = str(target.hf_config.get("torch_dtype") or target.hf_config.get("dtype") or "float32")
     if dtype not in DTYPES:
         raise DFlashConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
     config = trtllm_config(target, drafter, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
-                           max_draft_len=max_draft_len)
+                           max_draft_len=max_draft_len, dflash2=dflash2)
     for rank in range(tp_size * pp_size):
         yield config, rank, convert_rank(target, target_tensors, drafter, drafter_tensors,
-                                         tp_size=tp_size, rank=rank, dtype=DTYPES[dtype])
+                                         tp_size=tp_size, rank=rank, dtype=DTYPES[dtype], dflash2=dflash2)
 
 
 def convert_checkpoint(
