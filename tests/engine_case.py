@@ -40,8 +40,11 @@ def make_target(arch: str, *, heads: int = 2, kv_heads: int = 1, head_dim: int =
     from test_trtllm_convert import random_hf_target
 
     torch.manual_seed(seed)
+    # transformers 5.x's LlamaConfig refuses a hidden size that is not a multiple of the head count, even with
+    # an explicit head_dim (configuration_llama.py, validate_architecture): 9 heads get 72, the rest 64.
+    hidden = 64 if 64 % heads == 0 else heads * -(-64 // heads)
     common = {
-        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": layers,
         "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": 256,
         "attn_implementation": "sdpa", "rope_theta": 10000.0, "bos_token_id": 0, "eos_token_id": 1,
         # TensorRT-LLM's Attention normalises q/k with its default eps 1e-5 (layers/attention.py;
