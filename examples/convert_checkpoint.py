@@ -19,7 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
-from tensorrt_llm_dflash.config import DFlashDraftConfig  # noqa: E402
+from tensorrt_llm_dflash.dflash2 import check_drafter_dir  # noqa: E402
+from tensorrt_llm_dflash.dflash2.config import DFlash2Config  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
 from tensorrt_llm_dflash.trtllm.constants import MAX_ENGINE_DRAFT_LEN  # noqa: E402
 
@@ -46,7 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.max_draft_len is not None:
         # Only the drafter's config.json is read here: the weights load after every argument is settled.
         try:
-            block_size = DFlashDraftConfig.from_pretrained(args.dflash_model_dir).block_size
+            config = check_drafter_dir(args.dflash_model_dir)  # DFlash or DFlash2 (either published layout)
+            block_size = (config.base if isinstance(config, DFlash2Config) else config).block_size
         except DFlashError as err:
             cli.refuse(ap, "--dflash_model_dir", str(err))
         if args.max_draft_len < block_size - 1:

@@ -521,10 +521,11 @@ def test_demo_pair_dflash2_three_commands_equal_the_pytorch_runtime(tmp_path, ca
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert "candidate_selector.predecessor_codebook" in a
     target_dir, drafter_dir = tmp_path / "demo" / "target", tmp_path / "demo" / "drafter"
+    prompt, max_new, max_draft_len = "Write a Python function that reverses a string.", 16, 16
+    # --max_draft_len reads the drafter's config before any weight: a nested-layout DFlash2 one too.
     assert convert_checkpoint.main(["--model_dir", str(target_dir), "--dflash_model_dir", str(drafter_dir),
                                     "--output_dir", str(tmp_path / "ckpt"), "--dtype", "bfloat16",
-                                    "--no_progress"]) == 0
-    prompt, max_new, max_draft_len = "Write a Python function that reverses a string.", 16, 16
+                                    "--max_draft_len", str(max_draft_len), "--no_progress"]) == 0
     with standin.active(tmp_path / "lib"):
         from tensorrt_llm_dflash.trtllm import build
 
