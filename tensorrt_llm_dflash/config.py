@@ -413,14 +413,7 @@ class DFlashDraftConfig:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> DFlashDraftConfig:
-        config_path = Path(path) / "config.json"
-        if not config_path.is_file():
-            raise DFlashConfigError(f"drafter directory {str(path)!r} has no config.json")
-        raw = read_json(config_path, str(config_path))
-        try:
-            return cls.from_dict(raw)
-        except DFlashConfigError as err:
-            raise DFlashConfigError(f"{config_path}: {err}") from err
+        return config_from_dir(path, cls.from_dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -444,3 +437,15 @@ class DFlashDraftConfig:
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def config_from_dir(path: str | Path, parse: Any) -> Any:
+    """``parse(config.json)`` of a drafter directory (DFlash or DFlash2); a fault names the file."""
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise DFlashConfigError(f"drafter directory {str(path)!r} has no config.json")
+    raw = read_json(config_path, str(config_path))
+    try:
+        return parse(raw)
+    except DFlashConfigError as err:
+        raise DFlashConfigError(f"{config_path}: {err}") from err

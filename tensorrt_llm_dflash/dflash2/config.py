@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import DFlashDraftConfig, is_integer, json_kind, read_json
+from ..config import DFlashDraftConfig, config_from_dir, is_integer, json_kind, read_json
 from ..errors import DFlashConfigError
 
 #: The ``architectures`` entry of a DFlash2 drafter.
@@ -76,14 +76,7 @@ class DFlash2Config:
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> DFlash2Config:
-        config_path = Path(path) / "config.json"
-        if not config_path.is_file():
-            raise DFlashConfigError(f"drafter directory {str(path)!r} has no config.json")
-        raw = read_json(config_path, str(config_path))
-        try:
-            return cls.from_dict(raw)
-        except DFlashConfigError as err:
-            raise DFlashConfigError(f"{config_path}: {err}") from err
+        return config_from_dir(path, cls.from_dict)
 
 
 def is_dflash2_config(raw: Any) -> bool:
