@@ -38,8 +38,16 @@ class GroupedDynamicConv(nn.Module):
         """Per-position dynamic taps [batch, L, 2, T, G] from the sublayer's normed input."""
         return self.kernel_projection(normed).unflatten(-1, (2, self.taps, self.groups))
 
-    def mix(self, x: torch.Tensor, coefficients: torch.Tensor, side: int) -> torch.Tensor:
-        """``mix_side(x)`` for x [batch, L, H] (one block per row)."""
+    def mix(self, x: torch.Tensor, coefficients: torch.Tensor, side: int, block_len: int | None = None) -> torch.Tensor:
+        """``mix_side(x)`` for x [batch, L, H]: one block per row, or (``block_len``) L / block_len
+        consecutive blocks per row, the convolution starting afresh at each (the training layout)."""
+        if block_len is not None and block_len != x.shape[1]:
+            rows, length = x.shape[0], x.shape[1]
+            if length % block_len:
+                raise ValueError(f"a row of {length} positions is not a whole number of blocks of {block_len}")
+            blocks = self.mix(x.reshape(-1, block_len, x.shape[-1]),
+                              coefficients.reshape(-1, block_len, *coefficients.shape[2:]), side)
+            return blocks.reshape(rows, length, -1)
         length = x.shape[1]
         dynamic = coefficients[:, :, side].repeat_interleave(self.group_size, dim=-1)  # [b, L, T, H]
         taps = self.base_kernel[side].to(x.dtype) + dynamic
@@ -82,14 +90,17 @@ class DFlash2DraftModel(DFlashDraftModel):
         block_positions: torch.Tensor,
         cache: DraftContextCache,
         attention_mask: torch.Tensor | None = None,
+        block_len: int | None = None,
     ) -> torch.Tensor:
         """norm(out) for one block per row, [batch, B, H], against the cached context.
 
-        ``attention_mask`` must be None: the convolution runs over one whole block per row, so
-        the training layout (many blocks in one row under a block mask) is not supported here.
+        Training layout (``block_len``): each row holds Q / block_len consecutive blocks, the
+        convolutions restart at every block, and ``attention_mask`` (DFlash's training mask, dense
+        or a flex-attention BlockMask) keeps the blocks apart. Without ``block_len`` the row is one
+        block and ``attention_mask`` must be None (the inference rule: the block sees everything).
         """
-        if attention_mask is not None:
-            raise NotImplementedError("DFlash2 drafter: one block per row only (no attention_mask)")
+        if attention_mask is not None and block_len is None:
+            raise NotImplementedError("DFlash2 drafter: an attention_mask needs block_len (the training layout)")
         x = block_embeds
         cos, sin = self.rotary_emb(block_positions, x.dtype)
         key_positions = block_positions if cache.positions is None else torch.cat([cache.positions, block_positions], 1)
@@ -101,10 +112,13 @@ class DFlash2DraftModel(DFlashDraftModel):
                 empty = x.new_zeros(x.shape[0], attn.num_kv_heads, 0, attn.head_dim)
                 context_kv = (empty, empty)
             y = layer.input_layernorm(x)
-            c = layer.attention_conv.coefficients(y)
-            out = attn(layer.attention_conv.mix(y, c, 0), (cos, sin), context_kv, block_positions, key_positions, None)
-            x = x + layer.attention_conv.mix(out, c, 1)
+            conv = layer.attention_conv
+            c = conv.coefficients(y)
+            out = attn(conv.mix(y, c, 0, block_len), (cos, sin), context_kv, block_positions, key_positions,
+                       attention_mask)
+            x = x + conv.mix(out, c, 1, block_len)
             y = layer.post_attention_layernorm(x)
-            c = layer.mlp_conv.coefficients(y)
-            x = x + layer.mlp_conv.mix(layer.mlp(layer.mlp_conv.mix(y, c, 0)), c, 1)
+            conv = layer.mlp_conv
+            c = conv.coefficients(y)
+            x = x + conv.mix(layer.mlp(conv.mix(y, c, 0, block_len)), c, 1, block_len)
         return self.norm(x)
