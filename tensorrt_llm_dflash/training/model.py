@@ -12,6 +12,7 @@ inference, where the anchor is the bonus token whose hidden state is not yet kno
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -120,16 +121,44 @@ class OnlineDFlashModel(nn.Module):
         share of the global batch's loss, times the world size that DDP's gradient averaging
         divides back out, so N ranks take the step one process takes on the whole batch.
         """
+        anchors, keep = sample_anchors(loss_mask, self.num_anchors, generator) if anchors is None else anchors
+        hidden = self.draft_hidden(input_ids, features, anchors, keep)
+        logits = self.head_logits(hidden)
+
+        label_pos, draft_labels, valid, representable, weight = self._labels(input_ids, loss_mask, anchors, keep)
+        total = (weight.sum() if weight_total is None else weight_total).clamp(min=1e-6)
+        loss = self.block_loss(logits, draft_labels, weight, label_pos, final_hidden) / total * scale
+        with torch.no_grad():
+            metrics = block_metrics((logits.argmax(-1) == draft_labels) & valid, valid,
+                                    copyable_anchors(input_ids, anchors))
+        return {
+            "loss": loss,
+            **metrics,
+            "coverage": representable.sum().float() / valid.sum().clamp(min=1).float(),
+        }
+
+    def block_embeds(self, input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        """[b, N*B, H] embeddings of the blocks ``[x[a], MASK x (B-1)]``."""
+        b, n = anchors.shape
+        block_ids = torch.full((b, n, self.block_size), self.mask_token_id, dtype=torch.long, device=input_ids.device)
+        block_ids[:, :, 0] = input_ids.gather(1, anchors)
+        return F.embedding(block_ids.reshape(b, n * self.block_size), self.embed_weight).to(self.head_weight.dtype)
+
+    def run_drafter(self, embeds: torch.Tensor, positions: torch.Tensor, cache: DraftContextCache,
+                    mask: Any) -> torch.Tensor:
+        return self.drafter(embeds, positions, cache, attention_mask=mask)
+
+    def draft_hidden(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+                     keep: torch.Tensor) -> torch.Tensor:
+        """The drafter's normed output at block offsets 1..B-1, [b, N, B-1, H], every block under
+        the DFlash training mask."""
         b, s = input_ids.shape
         bs = self.block_size
         dtype = self.head_weight.dtype
-        anchors, keep = sample_anchors(loss_mask, self.num_anchors, generator) if anchors is None else anchors
         n = anchors.shape[1]
         offsets = torch.arange(bs, device=input_ids.device)
         block_positions = (anchors[:, :, None] + offsets).reshape(b, n * bs)
-        block_ids = torch.full((b, n, bs), self.mask_token_id, dtype=torch.long, device=input_ids.device)
-        block_ids[:, :, 0] = input_ids.gather(1, anchors)
-        embeds = F.embedding(block_ids.reshape(b, n * bs), self.embed_weight).to(dtype)
+        embeds = self.block_embeds(input_ids, anchors)
 
         cache = DraftContextCache()
         positions = torch.arange(s, device=input_ids.device)[None].expand(b, s)
@@ -140,32 +169,35 @@ class OnlineDFlashModel(nn.Module):
             allowed = training_mask_bool(anchors, keep, s, bs)
             mask = torch.zeros(allowed.shape, dtype=dtype, device=input_ids.device)
             mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
-        hidden = self.drafter(embeds, block_positions, cache, attention_mask=mask)
-        hidden = hidden.view(b, n, bs, -1)[:, :, 1:]  # offset 0 is the known anchor token
-        # A 2-D matmul: a 4-D input against the shared head would run as a slow batched matmul.
-        logits = (hidden.reshape(-1, hidden.shape[-1]) @ self.head_weight.T).view(b, n, bs - 1, -1)
+        hidden = self.run_drafter(embeds, block_positions, cache, mask)
+        return hidden.view(b, n, bs, -1)[:, :, 1:]  # offset 0 is the known anchor token
 
-        label_pos, draft_labels, valid, representable, weight = self._labels(input_ids, loss_mask, anchors, keep)
-        total = weight.sum() if weight_total is None else weight_total
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), draft_labels.clamp(min=0).view(-1), reduction="none")
-        loss = (ce.view_as(weight) * weight).sum() / total.clamp(min=1e-6) * scale
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[b, N, B-1, V'] logits the drafter drafts from (here the (draft-vocabulary) head's)."""
+        return self.raw_logits(hidden)
+
+    def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden [..., H] @ head.T``: the target's own head on ``hidden``."""
+        # A 2-D matmul: a 4-D input against the shared head would run as a slow batched matmul.
+        return (hidden.reshape(-1, hidden.shape[-1]) @ self.head_weight.T).view(*hidden.shape[:-1], -1)
+
+    def block_loss(self, logits: torch.Tensor, draft_labels: torch.Tensor, weight: torch.Tensor,
+                   label_pos: torch.Tensor, final_hidden: torch.Tensor | None) -> torch.Tensor:
+        """The decay-weighted CE (mixed with the KL to the target's logits when ``distill_weight``),
+        summed, not yet normalised."""
+        ce = F.cross_entropy(loss_precision(logits.reshape(-1, logits.shape[-1])), draft_labels.clamp(min=0).view(-1),
+                             reduction="none")
+        loss = (ce.view_as(weight) * weight).sum()
         if self.distill_weight > 0:
             if final_hidden is None:
                 raise ValueError("distill_weight > 0 needs the target's final hidden states")
+            b = label_pos.shape[0]
             teacher_pos = (label_pos - 1).view(b, -1)
             teacher_h = final_hidden.gather(1, teacher_pos[..., None].expand(-1, -1, final_hidden.shape[-1]))
-            teacher = (teacher_h.to(dtype) @ self.head_weight.T).view_as(logits).float().softmax(-1)
-            kl = -(teacher * logits.float().log_softmax(-1)).sum(-1)
-            distill = (kl * weight).sum() / total.clamp(min=1e-6) * scale
-            loss = (1 - self.distill_weight) * loss + self.distill_weight * distill
-        with torch.no_grad():
-            metrics = block_metrics((logits.argmax(-1) == draft_labels) & valid, valid,
-                                    copyable_anchors(input_ids, anchors))
-        return {
-            "loss": loss,
-            **metrics,
-            "coverage": representable.sum().float() / valid.sum().clamp(min=1).float(),
-        }
+            teacher = loss_precision(self.raw_logits(teacher_h.to(self.head_weight.dtype)).view_as(logits)).softmax(-1)
+            kl = -(teacher * loss_precision(logits).log_softmax(-1)).sum(-1)
+            loss = (1 - self.distill_weight) * loss + self.distill_weight * (kl * weight).sum()
+        return loss
 
     def _labels(self, input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor):
         """(label positions, draft-vocabulary labels, valid, representable, loss weight), [b, N, B-1] each."""
@@ -186,6 +218,11 @@ class OnlineDFlashModel(nn.Module):
                            keep: torch.Tensor) -> torch.Tensor:
         """The loss normaliser of a whole (global) batch: cheap, labels and masks only."""
         return self._labels(input_ids, loss_mask, anchors, keep)[-1].sum()
+
+
+def loss_precision(x: torch.Tensor) -> torch.Tensor:
+    """Logits as the losses take them: float32 (bf16 autocast, fp32), float64 kept (exact tests)."""
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def copyable_anchors(input_ids: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:

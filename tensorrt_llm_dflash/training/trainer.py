@@ -55,6 +55,9 @@ class TrainConfig:
     #: "bf16" runs forward and backward under bf16 autocast (weights and optimizer stay fp32):
     #: 1.3x the steps per minute on a 2-core AVX512-BF16 CPU (the demo drafter's run records).
     precision: str = "fp32"
+    #: The training state's file in the work dir: a DFlash2 drafter trained on a DFlash run's data
+    #: keeps its own (``checkpoint_dflash2.pt``), so the two runs share the data and not the weights.
+    checkpoint_name: str = CHECKPOINT
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -315,7 +318,7 @@ def train(
     params = [p for p in online.drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     step, elapsed, history = 0, 0.0, []
-    ckpt = out / CHECKPOINT
+    ckpt = out / config.checkpoint_name
     if rank == 0:
         remove_stale_temporaries(out)
     state = load_checkpoint(ckpt, online.drafter, quiet=rank != 0) if resume else None
@@ -352,7 +355,7 @@ def train(
     bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step",
                mininterval=5.0, disable=rank != 0)
     logger = MetricsLog(config.log_path if rank == 0 else None, config.tensorboard_dir if rank == 0 else None, history)
-    window: dict[str, Any] = {"loss": 0.0, "n": 0, "correct": None, "count": None}
+    window: dict[str, Any] = {"loss": 0.0, "n": 0, "correct": None, "count": None, "extras": {}}
     online.train()
     while progress() < 1.0:
         t0 = time.perf_counter()
@@ -377,8 +380,10 @@ def train(
         opt.step()
         step += 1
         loss_value, correct, count = out_step["loss"].detach().clone(), out_step["correct"], out_step["count"]
+        extras = {k: torch.stack([v[0].detach().float(), v[1].detach().float()])
+                  for k, v in out_step.get("extras", {}).items()}
         if world > 1:
-            for tensor in (loss_value, correct, count):
+            for tensor in (loss_value, correct, count, *extras.values()):
                 dist.all_reduce(tensor)
             loss_value /= world
         step_seconds = time.perf_counter() - t0
@@ -387,19 +392,21 @@ def train(
         window["n"] += 1
         window["correct"] = correct if window["correct"] is None else window["correct"] + correct
         window["count"] = count if window["count"] is None else window["count"] + count
+        for key, pair in extras.items():
+            window["extras"][key] = pair if key not in window["extras"] else window["extras"][key] + pair
         bar.update(1)
         if step % config.log_every == 0 and rank == 0:
             acc = (window["correct"] / window["count"].clamp(min=1)).tolist()
             ev = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features)
             elapsed += time.perf_counter() - t0 - step_seconds  # the budget is wall time, evaluation included
             record = {"step": step, "minutes": elapsed / 60, "lr": lr, "train_loss": window["loss"] / window["n"],
-                      "train_acc": acc, **ev}
+                      "train_acc": acc, **_ratios("train", window["extras"]), **ev}
             history.append(record)
             logger.write(record)
             bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(a, 3) for a in v] if isinstance(v, list) else v)
                                   for k, v in record.items()}))
         if step % config.log_every == 0:
-            window = {"loss": 0.0, "n": 0, "correct": None, "count": None}
+            window = {"loss": 0.0, "n": 0, "correct": None, "count": None, "extras": {}}
         if world > 1:
             # Every rank must stop at the same step: the time budget is rank 0's clock.
             clock = torch.tensor([elapsed], dtype=torch.float64)
@@ -462,6 +469,7 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
     gen = torch.Generator().manual_seed(12345)
     loss, correct, count, accepted, anchors = 0.0, None, None, 0.0, 0.0
     copy_accepted, copy_anchors = 0.0, 0.0
+    extras: dict[str, torch.Tensor] = {}
     batches = [seqs[i : i + config.batch_size] for i in range(0, len(seqs), config.batch_size)]
     for chunk in batches:
         with _autocast(online, config.precision):
@@ -473,6 +481,9 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
         anchors += float(out["chain_anchors"])
         copy_accepted += float(out.get("chain_accepted_copyable", 0.0))
         copy_anchors += float(out.get("chain_anchors_copyable", 0.0))
+        for key, (total, n) in out.get("extras", {}).items():
+            pair = torch.stack([total.float(), n.float()]).cpu()
+            extras[key] = pair if key not in extras else extras[key] + pair
     online.train(was_training)
     acc = (correct / count.clamp(min=1)).tolist()
     # Block-wise top-1 accuracies are conditional on nothing; their running product is a
@@ -487,7 +498,14 @@ def evaluate(online: OnlineDFlashModel, seqs: list[Sequence], config: TrainConfi
             # The same, split by whether the block's anchor ends a bigram seen earlier (copyable).
             "eval_chain_tau_copyable": 1.0 + copy_accepted / max(1.0, copy_anchors),
             "eval_chain_tau_other": 1.0 + (accepted - copy_accepted) / max(1.0, anchors - copy_anchors),
-            "eval_copyable_fraction": copy_anchors / max(1.0, anchors)}
+            "eval_copyable_fraction": copy_anchors / max(1.0, anchors),
+            # A DFlash2 drafter's selector loss, top-K recall and the unary argmax's chain tau.
+            **_ratios("eval", extras)}
+
+
+def _ratios(prefix: str, sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``{prefix}_{name}``: sum / count of each (sum, count) pair a model's ``extras`` carry."""
+    return {f"{prefix}_{k}": float(v[0]) / max(1e-9, float(v[1])) for k, v in sorted(sums.items())}
 
 
 #: Files of an exported DFlash drafter; anything else in the output dir (a model card) is kept.
@@ -496,9 +514,15 @@ DRAFTER_FILES = ("config.json", "model.safetensors", "model-*.safetensors", "mod
 
 
 def export(online: OnlineDFlashModel, output_dir: str | Path, card: dict[str, Any]) -> None:
-    """Publish the drafter directory only once it is complete (see files.publish_dir)."""
+    """Publish the drafter directory only once it is complete (see files.publish_dir); a DFlash2
+    drafter in z-lab's DFlash2 layout."""
+    from ..dflash2 import DFlash2DraftModel, save_dflash2_drafter
+
     with publish_dir(output_dir, DRAFTER_FILES) as staging:
-        save_dflash_drafter(online.drafter, staging, dtype=torch.bfloat16)
+        if isinstance(online.drafter, DFlash2DraftModel):
+            save_dflash2_drafter(online.drafter, staging, dtype=torch.bfloat16)
+        else:
+            save_dflash_drafter(online.drafter, staging, dtype=torch.bfloat16)
         atomic_write_json(staging / "training_metrics.json", card, default=float)
 
 

@@ -75,7 +75,7 @@ def _differences(recorded: dict[str, Any], current: dict[str, Any], prefix: str 
 
 
 def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tuple[str, ...] = (),
-                   argument: str = "--work_dir", adopt: bool = False) -> None:
+                   argument: str = "--work_dir", adopt: bool = False, optional: tuple[str, ...] = ()) -> None:
     """Record ``fingerprint`` in a new work dir, or refuse one made for something else.
 
     ``fingerprint`` maps section names ("target", "data", "drafter") to plain dicts; the
@@ -84,6 +84,9 @@ def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tup
     data or a checkpoint but no fingerprint is refused too: what it was made with cannot be
     known, unless ``adopt`` (a data dir made by hand): it is then recorded for this target,
     with a warning. ``argument`` is the command-line flag the directory came from, for the messages.
+    A section in ``optional`` that the recorded fingerprint lacks is recorded, not refused: a DFlash
+    and a DFlash2 drafter train on one work dir's data, each with its own section ("drafter",
+    "drafter_dflash2") and checkpoint, whichever ran first.
     """
     work = Path(work_dir)
     path = work / FINGERPRINT_FILE
@@ -94,6 +97,8 @@ def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tup
             raise DFlashConfigError(f"{path} is damaged ({err}); delete the directory or use another {argument}") from None
         if not isinstance(recorded, dict):
             raise DFlashConfigError(f"{path} is damaged (not a JSON object); delete the directory or use another {argument}")
+        added = [k for k in fingerprint if k in optional and k not in recorded]
+        renew = (*renew, *added)
         compared = [k for k in fingerprint if k not in renew]
         diffs = _differences({k: recorded.get(k) for k in compared}, {k: fingerprint[k] for k in compared})
         if diffs:
