@@ -24,7 +24,11 @@ almost nothing to accept):
 * the re-capture paths: a second request at T=0.8 (new graphs, a new cost curve, the learned tables untouched),
   a prompt longer than the static state (it grows and re-captures), ``prepare()`` after that growth;
 * the compaction boundary: DDTree 3 with a block of 8 or 16, a 200-token prompt, 51 new tokens (a state sized from
-  the tree instead of the block was written past its end there), then a capture right after it.
+  the tree instead of the block was written past its end there), then a capture right after it;
+* batch > 1: four prompts of different lengths through the rows of one decoder, admitted one step apart (graphs per
+  batch bucket, tree size and window): each row against the same prompt decoded alone (equal in fp32; the match
+  rate in bf16), graphed against the same batched decoder eager (ids and tree sizes), the graph sets captured, and
+  total tok/s against the four prompts decoded one after the other.
 
 Last, with ``--plugins on`` (``auto``: when CUDA, nvcc and cmake are all there), the plugin library is built with
 cmake for this GPU's architecture, its CUDA kernels are run on the GPU against the Python reference, and the plugin
@@ -289,10 +293,10 @@ class _OracleState:
         self.base = (0.5 * torch.sin(rows * torch.arange(oracle.vocab, dtype=torch.float32) * 0.37)).to(device)
         self.offsets = torch.arange(1, oracle.block_size, device=device)
 
-    def extend(self, features: torch.Tensor, start: torch.Tensor) -> None:
+    def extend(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
         pass  # the oracle needs no context: it reads the stream by position
 
-    def draft(self, root: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
+    def draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None = None) -> torch.Tensor:
         truth = self.stream[context_len[:, None] + self.offsets]  # [B, D], -1 past the known stream
         known = truth >= 0
         wrong = self.wrong[context_len] & known
@@ -434,7 +438,7 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
         compare(out, ctx.ar, "eager_ar", ctx.exact, c.figures, lengths=False)
     with report.check(f"{tag}/vs-eager-stages") as c:
         ctx.needs(decoder, graphed or None)
-        costs = decoder.policy.costs.tolist() if decoder.policy is not None else None
+        costs = decoder.step_costs("greedy", 1) if decoder.policy is not None else None
         twin = GraphedDecoder(ctx.model, drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids), budget=budget,
                               use_graphs=False, policy_buckets=ctx.buckets, policy_costs=costs)
         for i in range(2):  # the same two requests: the policy learns the same things in the same order
@@ -528,11 +532,60 @@ def check_boundary(report: Report, ctx: Context, new: int) -> None:
             out = decoder.generate(prompt, new)
             sync(ctx.device)
             c.figures.update(prompt=len(prompt), new=new, block=decoder.path_width, capacity=decoder.capacity,
-                             end=int(decoder.past[0]),
+                             end=decoder.last_past,
                              max_accepted=max(out.stats.acceptance_lengths or [0]))
             compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False)
             decoder.prepare(SAMPLED)  # a capture whose warm-up follows a request that ended at the boundary
             sync(ctx.device)
+
+
+#: Rows of the batch check, and the extra prompt lengths of its four prompts (beside the main prompt's).
+BATCH_ROWS = 4
+BATCH_EXTRA_LENGTHS = (37, 5, 90)
+
+
+def check_batch(report: Report, ctx: Context, method: str) -> None:
+    """Four prompts through four rows of one decoder (CUDA graphs per batch bucket), admitted one step apart."""
+    tag, budget = f"{ctx.tag}/batch{BATCH_ROWS}-{method}", method_budget(method)
+    with report.check(tag) as c:
+        ctx.needs(ctx.model, ctx.drafter)
+        vocab = int(ctx.model.config.vocab_size)
+        prompts = [ctx.prompt] + [make_prompt(len(ctx.prompt) + extra, vocab, seed=30 + i)
+                                  for i, extra in enumerate(BATCH_EXTRA_LENGTHS)]
+        drafter = None if method == "ar" else ctx.drafter
+        solo_decoder = GraphedDecoder(ctx.model, drafter, budget=budget, policy_buckets=ctx.buckets)
+        start = time.perf_counter()
+        solo = [solo_decoder.generate(p, ctx.new_tokens) for p in prompts]
+        sync(ctx.device)
+        solo_s = time.perf_counter() - start
+        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, batch=BATCH_ROWS, policy_buckets=ctx.buckets)
+        decoder.prepare()
+        first = decoder.generate_many(prompts, ctx.new_tokens)  # warm: every shape it needs is captured now
+        start = time.perf_counter()
+        batched = decoder.generate_many(prompts, ctx.new_tokens)
+        sync(ctx.device)
+        batched_s = time.perf_counter() - start
+        same = [b.output_ids == s.output_ids for b, s in zip(batched, solo)]
+        c.figures.update(rows=len(prompts), equal_solo=sum(same), capture_s=decoder.capture_seconds,
+                         graph_sets=len(decoder._graphs), shapes=sorted({k[:2] for k in decoder._graphs}),
+                         tokens=sum(len(b.output_ids) for b in batched), batched_s=batched_s, solo_s=solo_s,
+                         speedup_vs_one_by_one=solo_s / max(batched_s, 1e-9),
+                         tree_sizes=sorted({n for b in batched for n in b.stats.tree_sizes}))
+        costs = decoder.step_costs("greedy", BATCH_ROWS) if decoder.policy is not None else None
+        twin = GraphedDecoder(ctx.model, drafter, budget=budget, batch=BATCH_ROWS, use_graphs=False,
+                              policy_buckets=ctx.buckets,
+                              policy_costs=None if costs is None else (lambda b, n: decoder.step_costs("greedy", b)[
+                                  decoder.sizes().index(n)]))
+        # The same two runs in the same order: the policy learns the same things, so it chooses the same sizes.
+        eager = [twin.generate_many(prompts, ctx.new_tokens) for _ in range(2)]
+        c.figures["equal_eager_stages"] = all(
+            [r.output_ids for r in e] == [r.output_ids for r in g]
+            and [r.stats.tree_sizes for r in e] == [r.stats.tree_sizes for r in g]
+            for e, g in zip(eager, (first, batched)))
+        if ctx.exact and not c.figures["equal_eager_stages"]:
+            raise Mismatch("the batched decoder's graphs give other tokens or tree sizes than its stages run eagerly")
+        if ctx.exact and not all(same):
+            raise Mismatch(f"batched rows differ from their solo runs (batch variance in {ctx.tag}?): {same}")
 
 
 def run_target(report: Report, shape: Shape, dtype: torch.dtype, device: torch.device, args: argparse.Namespace,
@@ -566,6 +619,9 @@ def run_target(report: Report, shape: Shape, dtype: torch.dtype, device: torch.d
     if "auto" in args.methods and "ddtree:32" in args.methods:
         check_recapture(report, ctx)
     check_boundary(report, ctx, TINY_BOUNDARY_NEW if args.tiny else BOUNDARY_NEW)
+    for method in ("ar", "ddtree:32", "auto"):
+        if method in args.methods:
+            check_batch(report, ctx, method)
     ctx.decoders.clear()
     ctx.model = ctx.drafter = None
     if device.type == "cuda":

@@ -13,11 +13,14 @@ the graph, and it must be chosen *before* the launch, without reading the device
    in floating point;
 3. **verify set**: the ``n - 1`` best nodes by ``v`` (ties: parent first), where ``n`` is this
    graph's size; values never increase from parent to child, so the set is prefix-closed (a tree);
-4. **next size**: for every size ``b`` it could capture, ``(1 + sum of the b - 1 best values) /
-   cost(b)`` with ``cost`` the measured seconds of a graphed step of size ``b``; the best ``b`` is
-   written into the step's output, which the host copies anyway (the one copy per step), and the
-   host launches that size's graph next. The choice lags one step behind the values it is made from;
-   consecutive steps' acceptance is strongly correlated, and the lag costs no sync;
+4. **next size** (:class:`SizeChooser`, on the host): per row, the expected committed tokens of a step of
+   every drafted size ``b``, ``1 + the sum of the b - 1 best values``, go into the step's output, which
+   the host copies anyway (the one copy per step). The host sums them over the rows that step next
+   (a batch runs one tree size: one CUDA graph per batch bucket and size) and divides by the measured
+   seconds of a step of that many rows and nodes; a plain AR step (size 1, one token per row) competes
+   too, so speculation is chosen only where it beats AR at the same batch. The choice lags one step
+   behind the values it is made from; consecutive steps' acceptance is strongly correlated, and the
+   lag costs no sync;
 5. **learn**: every verified node is labelled by the target's choice at its parent (was it the token
    the target picked?); the counts per (depth, marginal bin), and per (offset, n-gram bin) for lookup
    nodes, decay by ``decay`` per step.
@@ -31,6 +34,7 @@ which tree is verified, never what is accepted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -38,8 +42,11 @@ from .device_lookup import DeviceBranches, Grafted
 from .device_tree import DeviceTree
 from .policy import DRAFT_EDGES, LOOKUP_EDGES
 
-#: Tree sizes (root included) the policy may choose between: one CUDA graph each.
-POLICY_BUCKETS = (2, 4, 8, 16, 32, 64)
+#: Tree sizes (root included) the policy may choose between: one CUDA graph each (per batch bucket); 1 is a plain
+#: AR step (no draft), chosen where no tree pays for itself at the batch's own cost.
+POLICY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+#: The policy's first tree size, before any step has told it better.
+POLICY_START = 16
 
 
 class DevicePolicy:
@@ -47,9 +54,10 @@ class DevicePolicy:
 
     def __init__(self, depth_rows: int, buckets: Sequence[int], device: torch.device, *, lookup_rows: int = 0,
                  strength: float = 4.0, decay: float = 0.995) -> None:
-        self.buckets = tuple(sorted(int(b) for b in buckets))
-        if not self.buckets or self.buckets[0] < 2:
-            raise ValueError(f"policy buckets {buckets} must be sizes >= 2 (root included)")
+        # Drafted sizes only: a size-1 step (plain AR) drafts nothing, so it has no tree to select or learn from.
+        self.buckets = tuple(sorted({int(b) for b in buckets if int(b) >= 2}))
+        if not self.buckets or min(int(b) for b in buckets) < 1:
+            raise ValueError(f"policy buckets {buckets} must be sizes >= 1 (root included), one of them >= 2")
         self.pool_nodes = self.buckets[-1] - 1
         self.rows = max(int(depth_rows), 1)
         edges = torch.tensor(DRAFT_EDGES, dtype=torch.float64, device=device)
@@ -69,7 +77,8 @@ class DevicePolicy:
         self.lookup_hits = torch.zeros_like(self.lookup_prior)
         self.lookup_trials = torch.zeros_like(self.lookup_prior)
         self.lookup_table = self.lookup_prior.clone()
-        #: Seconds of one graphed step per bucket (measured after capture); the policy's denominator.
+        #: Seconds of one graphed step per drafted size at batch 1 for the current sampling class (a record for
+        #: profiles; the decision is :class:`SizeChooser`'s, on the host, from the decoder's per-batch costs).
         self.costs = torch.ones(len(self.buckets), dtype=torch.float64, device=device)
         self._sizes = torch.tensor(self.buckets, dtype=torch.long, device=device)
 
@@ -150,22 +159,28 @@ class DevicePolicy:
         return Grafted(tree=chosen, cond=candidates.cond.gather(1, kept),
                        on_branch=candidates.on_branch.gather(1, kept) & valid)
 
-    def next_bucket(self, values: torch.Tensor) -> torch.Tensor:
-        """Index into ``buckets`` of the size that maximises expected tokens per second, per row [B]."""
+    def expected_tokens(self, values: torch.Tensor) -> torch.Tensor:
+        """Expected committed tokens [B, len(buckets)] of a step of each drafted size: 1 (the bonus) + the sum of the
+        size - 1 best path values (a size verifies that many draft nodes, the best by value, as ``select`` keeps)."""
         ranked = torch.sort(values[:, 1:], dim=1, descending=True).values
         expected = 1.0 + torch.cat([torch.zeros_like(ranked[:, :1]), ranked.cumsum(1)], dim=1)  # [B, pool + 1]
-        tokens = expected[:, self._sizes - 1]  # a size b verifies b - 1 draft nodes
-        return torch.argmax(tokens / self.costs[None], dim=1)
+        return expected[:, self._sizes - 1]
 
-    def learn(self, verified: Grafted, choices: torch.Tensor, ngram: torch.Tensor | None = None) -> None:
+    def learn(self, verified: Grafted, choices: torch.Tensor, ngram: torch.Tensor | None = None,
+              live: torch.Tensor | None = None) -> None:
         """Label every verified node by the target's choice at its parent; update the tables (drafter nodes
-        by depth and marginal, lookup nodes by offset and the step's n-gram length ``ngram`` [B])."""
+        by depth and marginal, lookup nodes by offset and the step's n-gram length ``ngram`` [B]). ``live`` [B]
+        (default: all) marks the rows whose labels count: an idle row's tree is padding, its labels noise."""
         tree = verified.tree
         accepted = tree.tokens == choices.gather(1, tree.parents.clamp(min=0))
         rows, bins, drafted = self._draft_bins(tree)
+        if live is not None:
+            drafted = drafted & live[:, None]
         self._update(self.hits, self.trials, self.prior, self.table, rows, bins, accepted & drafted, drafted)
         if ngram is not None:
             looked = verified.on_branch & tree.valid & (tree.parents >= 0)
+            if live is not None:
+                looked = looked & live[:, None]
             rows, bins = self._lookup_bins(tree.depths, ngram[:, None])
             self._update(self.lookup_hits, self.lookup_trials, self.lookup_prior, self.lookup_table, rows, bins,
                          accepted & looked, looked)
@@ -179,3 +194,65 @@ class DevicePolicy:
         trials.view(-1).scatter_add_(0, flat, offered.reshape(-1).to(trials.dtype))
         raw = (hits + self.strength * prior) / (trials + self.strength)
         table.copy_(torch.cummax(raw, dim=1).values)  # a better score (marginal, longer match) never rates lower
+
+
+@dataclass
+class SizeChooser:
+    """The next step's tree size for the rows that step together (the host side of the cost-aware tree).
+
+    ``choose`` takes each row's expected committed tokens at every drafted size (from the last drafted step's
+    copy; None for a row not drafted for yet, which counts as the mean of the others) and the measured seconds
+    of a step of this batch bucket at every size in ``sizes``, and returns the size with the most expected
+    tokens per second for the batch: ``sum over rows of E_r(n) / cost(n)``, ties to the smaller size. A plain
+    AR step (size 1, in ``sizes`` when the decoder may fall back to it) commits exactly one token per row.
+
+    An AR step drafts nothing, so the estimates it decides from go stale. After ``backoff`` AR steps in a row it
+    drafts once (a probe, at the best drafted size) to refresh them; each probe that AR survives doubles
+    ``backoff`` (up to ``max_backoff``), and a step where speculation wins resets it to 1. So when speculation
+    does not pay at this batch, at most one step in ``max_backoff + 1`` is spent finding that out.
+    """
+
+    sizes: tuple[int, ...]
+    start: int = POLICY_START
+    max_backoff: int = 64
+    #: AR steps to run before the next probe, and AR steps run since the last drafted step.
+    backoff: int = 1
+    ar_run: int = 0
+    #: The sizes that draft (>= 2), ascending.
+    drafted: tuple[int, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        self.sizes = tuple(sorted(int(s) for s in self.sizes))
+        self.drafted = tuple(s for s in self.sizes if s >= 2)
+        if not self.drafted:
+            raise ValueError(f"sizes {self.sizes} hold no drafted size (>= 2)")
+        if self.start not in self.drafted:
+            self.start = self.drafted[len(self.drafted) // 2]
+
+    def totals(self, expected: Sequence[Sequence[float] | None]) -> dict[int, float] | None:
+        """Expected committed tokens of the batch per size (None: no row has an estimate yet)."""
+        known = [list(e) for e in expected if e is not None]
+        if not known:
+            return None
+        mean = [sum(column) / len(known) for column in zip(*known)]
+        rows = [list(e) if e is not None else mean for e in expected]
+        totals = {size: sum(row[j] for row in rows) for j, size in enumerate(self.drafted)}
+        if 1 in self.sizes:
+            totals[1] = float(len(rows))
+        return totals
+
+    def choose(self, expected: Sequence[Sequence[float] | None], costs: Sequence[float]) -> int:
+        """The next size; ``costs`` holds seconds per size of ``sizes`` (ascending) at this batch bucket."""
+        totals = self.totals(expected)
+        if totals is None:
+            return self.start
+        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        best = max(self.sizes, key=lambda size: totals[size] / seconds[size])  # the first maximum: the smaller size
+        if best > 1:
+            self.ar_run, self.backoff = 0, 1
+            return best
+        if self.ar_run < self.backoff:
+            self.ar_run += 1
+            return 1
+        self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
+        return max(self.drafted, key=lambda size: totals[size] / seconds[size])

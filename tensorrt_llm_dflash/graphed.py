@@ -1,32 +1,49 @@
 """The graph-ready decode path: every step a fixed-shape function of static buffers, CUDA graphs on CUDA.
 
-One step, for a tree of ``n`` nodes (``n`` fixed per graph: the chain's block, a DDTree budget + 1,
-or 1 for plain AR), in four stages, each captured as its own CUDA graph per size (on CPU the
-same functions run eagerly: one implementation):
+**Rows.** The static state holds ``batch`` rows, one request each, with its own prompt length, tree,
+acceptance count, stop condition and sampling settings (temperature, top-p, top-k as per-row
+tensors; row r's uniforms drawn from row r's own generator, so its randomness comes from its seed
+alone). :meth:`GraphedDecoder.admit` prefills a prompt into a free row while the other rows are
+mid-generation (a one-row forward that touches nothing else); :meth:`GraphedDecoder.step` runs one
+step of the admitted rows together; :meth:`GraphedDecoder.release` frees a row at the step boundary,
+and the next request takes it (continuous batching). A step covers the first ``b`` rows, ``b`` the
+smallest batch bucket (1, 2, 4, 8, ..., as nano-vllm and vLLM bucket) that holds every row stepping;
+rows inside it that are free, or admitted but not stepping, are inert padding: their depth limit is
+-1, so they commit nothing, teach the policy nothing, and write only slots past their own committed
+length. Attention reads the first ``window`` slots, the smallest power-of-two multiple of
+``CAPACITY_STEP`` that holds every row's next writes: a step costs what its longest row needs, not
+what the capacity holds. The capacity grows (copying every row's state) when a row needs more.
 
-    draft       the drafter's block after the root                  -> logits [B, D, Vd]
+**One step**, for a tree of ``n`` nodes (``n`` fixed per graph: the chain's block, a DDTree budget + 1,
+a size the cost-aware policy chose for the batch, or 1 for plain AR), in four stages, each captured as
+its own CUDA graph per (batch bucket, tree size, window, sampling class) (on CPU the same functions run
+eagerly: one implementation):
+
+    draft       the drafter's block after each row's root              -> logits [b, D, Vd]
     tree_build  chain (top-1 per depth) or DDTree (best-first, on the device, device_tree.py); the
                 cost-aware tree also grafts prompt-lookup branches found in a static token
-                history (device_lookup.py)                           -> tokens, depths, parents, visibility
-    verify      the target over the tree, ancestor-only mask         -> the target's choice at every node
+                history (device_lookup.py)                              -> tokens, depths, parents, visibility
+    verify      the target over every row's tree, ancestor-only mask    -> the target's choice at every node
     commit      walk from the root (on the device), KV compaction, drafter context, next root
 
-Nothing inside a step reads a device value on the host. The host learns what a step committed
-from **one** device-to-host copy of ``[count, tokens...]`` per step, which it needs anyway for
-streaming and stop tokens; what the next step needs (its depth limit) it writes to the device
-before the launch, which does not wait for the device.
+Nothing inside a step reads a device value on the host. The host learns what a step committed for
+every row from **one** device-to-host copy of ``[count, tokens..., lookup count, expected tokens per
+size]`` per row, which it needs anyway for streaming and stop tokens; what the next step needs (each
+row's depth limit, its uniforms, the tree size) it writes to the device before the launch. The
+sampling class (greedy / sampled / sampled with top-k or top-p) picks which graph runs, never the
+values: those are tensors the graph reads.
 
 The committed tokens are the target's own choices at accepted nodes, exactly as in
-:mod:`tensorrt_llm_dflash.decode`: greedy output equals the target's greedy output, sampled
-output follows its distribution (inverse-CDF sampling from one uniform per node, drawn outside
-the graph so that replays stay deterministic under a seed).
+:mod:`tensorrt_llm_dflash.decode`: greedy output equals the target's greedy output, sampled output
+follows its distribution (inverse-CDF sampling from one uniform per node, drawn outside the graph so
+that replays stay deterministic under a seed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +51,7 @@ import torch
 
 from .decode import STAGES, GenerationResult, GenerationStats, OutputStream, _single_prompt
 from .device_lookup import Grafted, graft_device, lookup_device
-from .device_policy import POLICY_BUCKETS, DevicePolicy
+from .device_policy import POLICY_BUCKETS, POLICY_START, DevicePolicy, SizeChooser
 from .device_tree import (
     DeviceTree,
     build_chain_device,
@@ -46,17 +63,27 @@ from .device_tree import (
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
 from .policy import PolicyConfig
-from .sampling import SamplingParams, processed_probs
+from .sampling import SamplingParams
 from .static_state import StaticDrafter, StaticTarget
-from .target import check_prompt_fits
+from .target import check_prompt_fits, max_positions
 from .tree import validate_budget
 
+__all__ = ["CAPACITY_STEP", "POLICY_START", "STEP_STAGES", "GraphedDecoder", "RowResult", "batch_buckets",
+           "row_probs", "sampling_kind", "tree_size"]
+
 STEP_STAGES = ("draft", "tree_build", "verify", "commit")
-#: Capacity granularity: a longer request re-allocates (and re-captures) in steps of this many slots.
+#: Capacity granularity: a longer request re-allocates (and re-captures) in steps of this many slots; attention
+#: windows are this times a power of two.
 CAPACITY_STEP = 256
+#: Sampling classes, cheapest first: one graph each where a batch needs it (the values are tensors, not graphs).
+SAMPLING_KINDS = ("greedy", "sampled", "filtered")
+#: Seconds of timed steps after which a cost measurement stops repeating (one warm-up step, then at least one).
+TIMING_SECONDS = 1.0
+#: Fixed-point scale of the expected-token estimates in the step's integer output.
+EXPECTED_SCALE = 1 << 20
 
 
-def tree_size(proposer: StaticDrafter | None, budget: int | None) -> int:
+def tree_size(proposer: Any | None, budget: int | None) -> int:
     """Nodes (root included) of the first graph a run needs: 1 for AR, the block for the chain, budget + 1,
     and for the cost-aware policy (budget None) the size it starts from."""
     if proposer is None:
@@ -66,114 +93,222 @@ def tree_size(proposer: StaticDrafter | None, budget: int | None) -> int:
     return proposer.block_size if budget == 0 else budget + 1
 
 
-#: The cost-aware policy's first tree size, before any step has told it better.
-POLICY_START = 16
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """The batch sizes a step may run (one CUDA graph set each): powers of two below ``max_batch``, then it."""
+    if max_batch < 1:
+        raise DFlashInputError(f"batch={max_batch} must be >= 1")
+    buckets = []
+    size = 1
+    while size < max_batch:
+        buckets.append(size)
+        size *= 2
+    return (*buckets, max_batch)
+
+
+def sampling_kind(settings: Iterable[SamplingParams]) -> str:
+    """The cheapest sampling class that serves every setting: greedy (argmax only), sampled (a softmax per node),
+    filtered (top-k or top-p: vocabulary sorts per node)."""
+    kind = 0
+    for params in settings:
+        if not params.greedy:
+            kind = max(kind, 2 if params.top_k > 0 or params.top_p < 1.0 else 1)
+    return SAMPLING_KINDS[kind]
+
+
+def row_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+              filtered: bool) -> torch.Tensor:
+    """``sampling.processed_probs`` with per-row settings: logits [b, N, V]; temperature, top_p float64 [b],
+    top_k int64 [b] (0: off). Rows at temperature 0 are computed at 1 (their caller takes the argmax instead).
+    The same operations as ``processed_probs`` row by row: a fixed k per row is the k-th largest score of a
+    full sort; a row whose top_p is 1 drops nothing (``processed_probs`` skips it; rounding must not cut a
+    tail whose mass before it reads 1.0)."""
+    work = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    t = torch.where(temperature > 0, temperature, 1.0).to(work)
+    scores = logits.to(work) / t[:, None, None]
+    if filtered:
+        vocab, nodes = scores.shape[-1], scores.shape[1]
+        k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+        ranked = torch.sort(scores, dim=-1, descending=True).values
+        kth = ranked.gather(-1, (k - 1)[:, None, None].expand(-1, nodes, 1))
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = sorted_scores.softmax(-1)
+        cut = top_p.to(work)[:, None, None]
+        drop_sorted = ((sorted_probs.cumsum(-1) - sorted_probs) >= cut) & (top_p < 1.0)[:, None, None]
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(-1)
+
+
+@dataclass
+class RowState:
+    """The host's view of an admitted row (what it needs to plan the next step without reading the device)."""
+
+    #: Committed tokens in the KV cache (the last committed token, the root, is not in it yet).
+    past: int
+    #: Tokens committed so far, the prefill's included; the row never drafts past ``max_new_tokens``.
+    produced: int
+    max_new_tokens: int
+    sampling: SamplingParams
+    generator: torch.Generator | None
+    #: Expected committed tokens at each drafted policy size, from the row's last drafted step (None: none yet).
+    expected: list[float] | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - self.produced
+
+
+@dataclass
+class RowResult:
+    """What one step committed for one row."""
+
+    tokens: list[int]
+    #: Tree nodes verified for the row, root included (1 = a plain AR step).
+    tree_size: int
+    #: Committed tokens that only a prompt-lookup branch proposed.
+    lookup_tokens: int = 0
 
 
 @dataclass
 class _Graphs:
-    """Per tree size: the captured stage graphs and the tensors they read and write."""
+    """The captured stage graphs of one step shape."""
 
     graphs: dict[str, Any] = field(default_factory=dict)
-    live: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 class GraphedDecoder:
-    """Speculative (or AR) decoding with static state; on CUDA each stage replays a CUDA graph.
+    """Speculative (or AR) decoding of up to ``batch`` rows with static state; on CUDA each stage replays a graph.
 
-    ``budget`` 0 is the DFlash chain, B >= 1 a DDTree of B nodes, None the cost-aware tree on the
-    device (:mod:`.device_policy`: one graph per size in ``policy_buckets``, its step costs measured
-    after capture unless ``policy_costs`` gives them; with ``lookup``, prompt-lookup branches as the
-    eager default grafts them, :class:`~.policy.PolicyConfig`'s lengths); without a drafter every step is one token
-    (the graphed AR baseline). ``drafter`` is a :class:`DFlashDraftModel` (run by
-    :class:`StaticDrafter`), or any object whose ``static_proposer(model, capacity, batch)``
-    returns one of the same interface (``block_size``, ``draft_ids``, ``target_layer_ids``,
-    ``extend``, ``draft``). ``use_graphs`` defaults to True on CUDA and is always
-    False on the CPU, where the same stage functions run eagerly.
+    ``budget`` 0 is the DFlash chain, B >= 1 a DDTree of B nodes, None the cost-aware tree (:mod:`.device_policy`:
+    one graph per size in ``policy_buckets`` and batch bucket, 1 meaning a plain AR step; each bucket's step
+    costs measured when first needed unless ``policy_costs`` gives them, either one list per size for every
+    bucket or a function ``(bucket, size) -> seconds``; with ``lookup``, prompt-lookup branches as the eager
+    default grafts them, :class:`~.policy.PolicyConfig`'s lengths); without a drafter every step is one token
+    (the graphed AR baseline). ``drafter`` is a :class:`DFlashDraftModel` (run by :class:`StaticDrafter`), or any
+    object whose ``static_proposer(model, capacity, batch)`` returns one of the same interface (``block_size``,
+    ``draft_ids``, ``target_layer_ids``, ``extend(features, start, row=None)``, ``draft(root, context_len,
+    window)``, optionally ``copy_from(old)`` and ``move_row(src, dst)``). ``use_graphs`` defaults to True on
+    CUDA and is always False on the CPU, where the same stage functions run eagerly.
 
-    What the policy learned survives a re-capture (a new sampling setting, a larger capacity): the
-    throwaway steps of warm-up and timing never teach it, and a larger static state takes over its
-    tables. Its step costs are timed per sampling cost class (:meth:`_cost_key`) and per capacity.
+    What the policy learned survives a re-capture and a larger capacity; the throwaway steps of warm-up and
+    timing never teach it. Step costs are timed per sampling class and batch bucket.
     """
 
     def __init__(self, target_model: Any, drafter: Any | None = None, *, budget: int | None = 0,
                  use_graphs: bool | None = None, batch: int = 1, capacity: int = CAPACITY_STEP,
-                 policy_buckets: Sequence[int] = POLICY_BUCKETS, policy_costs: Sequence[float] | None = None,
+                 policy_buckets: Sequence[int] = POLICY_BUCKETS,
+                 policy_costs: Sequence[float] | Callable[[int, int], float] | None = None,
                  lookup: bool = True) -> None:
         self.model = target_model
         self.lookup_config = PolicyConfig(lookup=bool(lookup))
         self.drafter_model = drafter
         self.budget = None if budget is None else validate_budget(budget)
-        self.policy_buckets = tuple(policy_buckets)
-        self.policy_costs = None if policy_costs is None else [float(c) for c in policy_costs]
-        self.batch = batch
+        self.policy_buckets = tuple(sorted({int(b) for b in policy_buckets}))
+        self.policy_costs = policy_costs if callable(policy_costs) or policy_costs is None else \
+            [float(c) for c in policy_costs]
+        self.batch = int(batch)
+        self.batch_buckets = batch_buckets(self.batch)
         self.device = target_model.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         if self.use_graphs and self.device.type != "cuda":
             raise DFlashInputError(f"use_graphs=True needs a CUDA device, the target is on {self.device}")
         self.capture_seconds = 0.0
         self.capture_bytes = 0
-        self.policy: DevicePolicy | None = None
-        self._allocate(capacity)
+        self.requests: dict[int, RowState] = {}
+        #: The final ``past`` of the last ``generate`` (its row is released, so the device's is 0 again).
+        self.last_past = 0
+        self._graphs: dict[tuple, _Graphs] = {}
+        self._pool: Any = None
+        self._costs: dict[tuple[str, int], list[float]] = {}
+        self._events: list[Any] = []
+        self._pending_timing: tuple[list[str], dict[str, float]] | None = None
+        self._build(capacity)
 
     # ------------------------------------------------------------------ state
 
-    def _allocate(self, capacity: int) -> None:
-        """(Re)build the static state for ``capacity`` slots (rounded up to ``CAPACITY_STEP``, and at least one
-        step's writes from an empty state, which warm-up and timing steps make). Graphs and step costs are
-        per state (attention spans the capacity); the policy's learned tables carry over."""
-        capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
-        learned = self.policy.state() if self.policy is not None else None
-        self.proposer: Any = None
+    def _static_parts(self, capacity: int) -> tuple[StaticTarget, Any]:
+        proposer: Any = None
         if isinstance(self.drafter_model, DFlashDraftModel):
-            self.proposer = StaticDrafter(self.drafter_model, self.model.get_input_embeddings(),
-                                          self.model.get_output_embeddings(), capacity, self.batch)
+            proposer = StaticDrafter(self.drafter_model, self.model.get_input_embeddings(),
+                                     self.model.get_output_embeddings(), capacity, self.batch)
         elif self.drafter_model is not None:  # a proposer of the same interface (tests script one)
-            self.proposer = self.drafter_model.static_proposer(self.model, capacity, self.batch)
-        layer_ids = list(self.proposer.target_layer_ids) if self.proposer is not None else []
-        self.target = StaticTarget(self.model, layer_ids, capacity, self.batch)
+            proposer = self.drafter_model.static_proposer(self.model, capacity, self.batch)
+        layer_ids = list(proposer.target_layer_ids) if proposer is not None else []
+        return StaticTarget(self.model, layer_ids, capacity, self.batch), proposer
+
+    def _build(self, capacity: int) -> None:
+        """The static state for ``capacity`` slots (rounded up to ``CAPACITY_STEP``, and at least one step's writes
+        from an empty row, which warm-up and timing steps make) and the per-row tensors."""
+        capacity = min(_round_up(capacity), self.max_capacity)
+        self.target, self.proposer = self._static_parts(capacity)
+        b, dev = self.batch, self.device
         self.nodes = tree_size(self.proposer, self.budget)
         self.path_width = self.proposer.block_size if self.proposer is not None else 1
-        b, dev = self.batch, self.device
-        self.policy = None
+        self.policy: DevicePolicy | None = None
+        self.chooser: SizeChooser | None = None
         if self.budget is None and self.proposer is not None:
             self.policy = DevicePolicy(self.proposer.block_size - 1, self.policy_buckets, dev,
                                        lookup_rows=self.lookup_config.lookup_tokens)
-            if learned is not None:  # same drafter, same buckets: same table shapes
-                self.policy.load_state(learned)
-            if self.nodes not in self.policy.buckets:
-                self.nodes = self.policy.buckets[len(self.policy.buckets) // 2]
+            self.chooser = SizeChooser(self.sizes(), start=POLICY_START)
+            self.nodes = self.chooser.start
         self.lookup = self.policy is not None and self.lookup_config.lookup
-        #: Prompt and committed tokens (the root last, at ``past``), what lookup searches; one spare column
-        #: takes the writes of a step's unused slots.
+        #: Prompt and committed tokens per row (the root last, at ``past``), what lookup searches; one spare
+        #: column takes the writes of a step's unused slots.
         self.history = torch.zeros(b, capacity + 1, dtype=torch.long, device=dev)
         self.past = torch.zeros(b, dtype=torch.long, device=dev)
         self.root = torch.zeros(b, dtype=torch.long, device=dev)
-        self.max_depth = torch.zeros(b, dtype=torch.long, device=dev)
-        largest = self.policy.buckets[-1] if self.policy is not None else self.nodes
-        self.uniforms = torch.zeros(b, largest, dtype=torch.float64, device=dev)
-        #: What the host copies once per step: [count, committed tokens (padded), next tree size's index,
-        #: committed tokens that only a lookup branch proposed].
-        self.out = torch.zeros(b, 3 + self.path_width, dtype=torch.long, device=dev)
-        #: Measured step costs per sampling cost class (``_cost_key``), for this state's capacity.
-        self._costs: dict[tuple, list[float]] = {}
-        self._events: list[Any] = []
-        self._pending_timing: tuple[list[str], dict[str, float]] | None = None
-        self.sampling = SamplingParams()
-        self._graphs: dict[tuple, _Graphs] = {}
-        self._pool: Any = None
-        if self.span > capacity:  # a tree or block larger than the rounded capacity: one more round
-            self._allocate(self.span)
+        #: Per row: the deepest node the next step may build; -1 marks a row that does not step (inert padding).
+        self.max_depth = torch.full((b,), -1, dtype=torch.long, device=dev)
+        self.temperature = torch.zeros(b, dtype=torch.float64, device=dev)
+        self.top_p = torch.ones(b, dtype=torch.float64, device=dev)
+        self.top_k = torch.zeros(b, dtype=torch.long, device=dev)
+        self.uniforms = torch.zeros(b, max(self.sizes()), dtype=torch.float64, device=dev)
+        expected = len(self.policy.buckets) if self.policy is not None else 0
+        #: What the host copies once per step, per row: [count, committed tokens (padded), tokens only a lookup
+        #: branch proposed, expected committed tokens at each drafted policy size (fixed point)].
+        self.out = torch.zeros(b, 2 + self.path_width + expected, dtype=torch.long, device=dev)
+        #: The step shape the stage functions run (one graph set each): rows (a batch bucket), window, class.
+        self.bucket = 1
+        self.window = self.window_for(self.span)
+        self.kind = "greedy"
+        self.sampling = SamplingParams()  # the setting ``prepare()`` prepares by default
+        if self.span > self.capacity:  # a tree or block larger than the rounded capacity: one more round
+            self._build(self.span)
+
+    def _grow(self, capacity: int) -> None:
+        """A larger static state that keeps every row: the caches, drafter context and history are copied in.
+        Graphs read the old buffers, so they are dropped (captured again when next needed)."""
+        capacity = min(_round_up(capacity), self.max_capacity)
+        old_target, old_proposer, old_history = self.target, self.proposer, self.history
+        self.target, self.proposer = self._static_parts(capacity)
+        self.target.cache.copy_from(old_target.cache)
+        if self.proposer is not old_proposer and hasattr(self.proposer, "copy_from"):
+            self.proposer.copy_from(old_proposer)
+        self.history = torch.zeros(self.batch, capacity + 1, dtype=torch.long, device=self.device)
+        self.history[:, : old_history.shape[1] - 1].copy_(old_history[:, :-1])
+        self._graphs.clear()
 
     @property
     def capacity(self) -> int:
         return self.target.capacity
 
     @property
+    def max_capacity(self) -> int:
+        """The largest capacity the static state accepts (the target's positions + 256, in whole steps)."""
+        return (max_positions(self.model) + 256) // CAPACITY_STEP * CAPACITY_STEP
+
+    @property
     def span(self) -> int:
         """Slots after ``past`` that one step writes: the verified tree (``past + i`` for its largest size) and
         the compaction, which writes ``past + arange(path_width)`` (the block) whatever the tree's size."""
         return max(max(self.sizes()), self.path_width)
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + output one row may hold: the target's positions, and the largest capacity less
+        one step's writes past the last position (issue 35: a compaction wrote past a state sized by the tree)."""
+        return min(self.target.max_positions, self.max_capacity - self.span)
 
     def capacity_needed(self, prompt_len: int, max_new_tokens: int) -> int:
         """Slots a request needs: a step starts at ``past <= prompt_len + max_new_tokens - 2`` (the prefill's
@@ -184,130 +319,259 @@ class GraphedDecoder:
         """Grow the static state (and so re-capture) if a request of this size would not fit."""
         needed = self.capacity_needed(prompt_len, max_new_tokens)
         if needed > self.capacity:
-            self._allocate(needed)
+            self._grow(needed)
+
+    def window_for(self, need: int) -> int:
+        """The attention window that holds ``need`` slots: ``CAPACITY_STEP`` times a power of two, or the capacity."""
+        window = CAPACITY_STEP
+        while window < need:
+            window *= 2
+        return min(window, self.capacity)
+
+    def bucket_for(self, rows: int) -> int:
+        """The smallest batch bucket of at least ``rows`` rows."""
+        return next(b for b in self.batch_buckets if b >= rows)
+
+    def sizes(self) -> tuple[int, ...]:
+        """Every tree size this decoder runs (one graph each per batch bucket)."""
+        if self.budget is None and self.proposer is not None:
+            return self.policy_buckets
+        return (self.nodes,)
+
+    # ------------------------------------------------------------------ rows
+
+    def check_request(self, prompt: Sequence[int], max_new_tokens: int) -> None:
+        """What any row refuses: an empty or too long request, token ids outside the vocabulary."""
+        check_prompt_fits(len(prompt), max_new_tokens, self.target.max_positions)
+        if len(prompt) + max_new_tokens > self.max_model_len:
+            raise DFlashInputError(
+                f"prompt length {len(prompt)} + max_new_tokens {max_new_tokens} exceeds {self.max_model_len}, the "
+                f"most one row holds (the target's positions less one step's {self.span} slots past the last)")
+        bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise DFlashInputError(
+                f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{self.target.vocab_size - 1}")
+
+    @torch.inference_mode()
+    def admit(self, row: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+              generator: torch.Generator | None = None) -> int:
+        """Prefill ``prompt_ids`` into the free ``row`` (no other row is touched) and choose its first token, the
+        target's own choice after the prompt (drawn with ``generator``, the row's own, at T > 0); returns it (the
+        prefill's one copy). The row steps from the next :meth:`step` on."""
+        sampling = sampling or SamplingParams()
+        prompt = [int(t) for t in prompt_ids]
+        if not 0 <= row < self.batch:
+            raise DFlashInputError(f"row={row} does not exist: this decoder has rows 0..{self.batch - 1}")
+        if row in self.requests:
+            raise DFlashInputError(f"row {row} is busy: release it before admitting another request")
+        self.check_request(prompt, max_new_tokens)
+        if not sampling.greedy and generator is None:
+            raise DFlashInputError("a sampled row needs its own generator (seeded from the request)")
+        # The prefill writes slots 0..P-1 and the first step span more: nothing past the capacity.
+        if len(prompt) + self.span > self.capacity:
+            self._grow(max(len(prompt) + self.span, 2 * self.capacity))
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+        last_logits, features = self.target.prefill(ids, row=row)
+        self.past[row] = len(prompt)
+        self.history[row, : len(prompt)] = ids[0]
+        if self.proposer is not None and features is not None:
+            self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
+        self.temperature[row] = float(sampling.temperature)
+        self.top_p[row] = float(sampling.top_p)
+        self.top_k[row] = int(sampling.top_k)
+        kind = sampling_kind([sampling])
+        if kind != "greedy":
+            self.uniforms[row, :1].uniform_(generator=generator)
+        rows = slice(row, row + 1)
+        self.root[rows] = self._choose(last_logits[:, None], rows, kind)[:, 0]
+        self.history[row, len(prompt)] = self.root[row]
+        first = int(self.root[row].item())  # the prefill's one copy
+        self.requests[row] = RowState(len(prompt), 1, int(max_new_tokens), sampling, generator)
+        return first
+
+    def release(self, row: int) -> None:
+        """The row's request is over (finished, stopped or abandoned): from now on it is inert padding, free for the
+        next admission. Releasing a free row is a no-op."""
+        if self.requests.pop(row, None) is not None:
+            self.past[row] = 0  # an idle row's writes stay in its first slots, inside any window
+
+    @torch.inference_mode()
+    def move_row(self, src: int, dst: int) -> None:
+        """Move the request in row ``src`` to the free row ``dst`` (its committed cache, drafter context, history,
+        settings and host state), so that the rows in use stay in a small batch bucket."""
+        if src not in self.requests or dst in self.requests or not 0 <= dst < self.batch:
+            raise DFlashInputError(f"cannot move row {src} to row {dst}: the source must be busy, the target free")
+        state = self.requests.pop(src)
+        used = state.past  # slots 0..past-1 hold committed K/V; the rest is scratch
+        kv = self.target.cache.kv
+        kv[:, :, dst, :, :used].copy_(kv[:, :, src, :, :used])
+        if hasattr(self.proposer, "move_row"):
+            self.proposer.move_row(src, dst, used)
+        for tensor in (self.past, self.root, self.temperature, self.top_p, self.top_k):
+            tensor[dst] = tensor[src]
+        self.history[dst, : used + 1].copy_(self.history[src, : used + 1])
+        self.past[src] = 0
+        self.requests[dst] = state
 
     # ------------------------------------------------------------------ stages
 
     def _draft(self, _: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        if self.proposer is None:
-            return {}
-        return {"logits": self.proposer.draft(self.root, self.past)}
+        b = self.bucket
+        return {"logits": self.proposer.draft(self.root[:b], self.past[:b], self.window)}
 
     def _tree_build(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        b = self.bucket
+        root, depth = self.root[:b], self.max_depth[:b].clamp(min=0)
         extra: dict[str, torch.Tensor] = {}
-        if self.proposer is None:
-            tree = build_chain_device(self.root, self.root[:, None][:, :0], self.max_depth, size=1)
+        if self.nodes == 1:  # AR (no drafter, or the policy's fallback): the root alone
+            tree = build_chain_device(root, root[:, None][:, :0], depth, size=1)
         else:
             logits = live["logits"]
             ids = self.proposer.draft_ids
             if self.policy is not None:
-                pool_nodes = self.policy.pool_nodes
-                k = min(pool_nodes, logits.shape[-1])
-                values, index = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
-                tokens = index if ids is None else ids[index]
-                pool = build_ddtree_device(self.root, values, tokens, pool_nodes, self.max_depth)
-                candidates = Grafted(pool, self.policy.draft_conditional(pool), torch.zeros_like(pool.valid))
-                depth = logits.shape[1]
-                if self.lookup:
-                    config = self.lookup_config
-                    branches = lookup_device(self.history, self.past + 1, config.lookup_tokens, self.max_depth,
-                                             config.max_ngram, max_branches=config.lookup_branches)
-                    candidates = graft_device(pool, candidates.cond, branches, self.policy.lookup_conditional(branches))
-                    extra["ngram"] = branches.ngram
-                    depth = max(depth, config.lookup_tokens)
-                path_values = self.policy.path_values(candidates, depth)
-                chosen = self.policy.select(candidates, path_values, self.nodes)
-                tree = chosen.tree
-                extra.update(next_bucket=self.policy.next_bucket(path_values), cond=chosen.cond,
-                             on_branch=chosen.on_branch)
+                tree, extra = self._policy_tree(root, depth, logits)
             elif self.budget == 0:
                 top1 = logits.argmax(-1)
                 tokens = top1 if ids is None else ids[top1]
-                tree = build_chain_device(self.root, tokens, self.max_depth, size=self.nodes)
+                tree = build_chain_device(root, tokens, depth, size=self.nodes)
             else:
                 k = min(self.budget, logits.shape[-1])
                 values, index = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
                 tokens = index if ids is None else ids[index]
-                tree = build_ddtree_device(self.root, values, tokens, self.budget, self.max_depth)
+                tree = build_ddtree_device(root, values, tokens, self.budget, depth)
                 tree = pad_tree(tree, self.nodes)
         return {"tokens": tree.tokens, "parents": tree.parents, "depths": tree.depths, "valid": tree.valid,
                 "num_nodes": tree.num_nodes, "scores": tree.scores, "visible": visibility_device(tree), **extra}
 
-    def _choose(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.sampling.greedy:
-            return logits.argmax(-1)
-        probs = processed_probs(logits, self.sampling).to(torch.float64)
-        cdf = probs.cumsum(-1)
-        draw = self.uniforms[:, : logits.shape[1], None] * cdf[..., -1:]
-        return torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+    def _policy_tree(self, root: torch.Tensor, depth: torch.Tensor,
+                     logits: torch.Tensor) -> tuple[DeviceTree, dict[str, torch.Tensor]]:
+        """The cost-aware tree: the pool (+ lookup branches), calibrated values, the best ``nodes`` of them, and
+        each row's expected tokens at every drafted size (for the host's next choice)."""
+        policy, ids = self.policy, self.proposer.draft_ids
+        pool_nodes = policy.pool_nodes
+        k = min(pool_nodes, logits.shape[-1])
+        values, index = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
+        tokens = index if ids is None else ids[index]
+        pool = build_ddtree_device(root, values, tokens, pool_nodes, depth)
+        candidates = Grafted(pool, policy.draft_conditional(pool), torch.zeros_like(pool.valid))
+        rounds = logits.shape[1]
+        extra: dict[str, torch.Tensor] = {}
+        if self.lookup:
+            config = self.lookup_config
+            b = self.bucket
+            branches = lookup_device(self.history[:b, : self.window], self.past[:b] + 1, config.lookup_tokens,
+                                     depth, config.max_ngram, max_branches=config.lookup_branches)
+            candidates = graft_device(pool, candidates.cond, branches, policy.lookup_conditional(branches))
+            extra["ngram"] = branches.ngram
+            rounds = max(rounds, config.lookup_tokens)
+        path_values = policy.path_values(candidates, rounds)
+        chosen = policy.select(candidates, path_values, self.nodes)
+        extra.update(expected=policy.expected_tokens(path_values), cond=chosen.cond, on_branch=chosen.on_branch)
+        return chosen.tree, extra
+
+    def _choose(self, logits: torch.Tensor, rows: slice, kind: str) -> torch.Tensor:
+        """The target's token after every node [b, N]: argmax at T = 0, else inverse-CDF sampling with each row's
+        settings and uniforms (greedy rows of a sampled batch still take the argmax)."""
+        greedy = logits.argmax(-1)
+        if kind == "greedy":
+            return greedy
+        temperature = self.temperature[rows]
+        probs = row_probs(logits, temperature, self.top_k[rows], self.top_p[rows], kind == "filtered")
+        cdf = probs.to(torch.float64).cumsum(-1)
+        draw = self.uniforms[rows, : logits.shape[1], None] * cdf[..., -1:]
+        sampled = torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
+        return torch.where(temperature[:, None] > 0, sampled, greedy)
 
     def _verify(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        b = self.bucket
         ids = live["tokens"].clamp(min=0)  # padding nodes (token -1) read a real row; nothing accepts them
-        logits, features = self.target.verify(ids, live["depths"], live["visible"], self.past)
-        out = {"choices": self._choose(logits)}
+        logits, features = self.target.verify(ids, live["depths"], live["visible"], self.past[:b], self.window)
+        out = {"choices": self._choose(logits, slice(0, b), self.kind)}
         if features is not None:
             out["features"] = features
         return out
 
     def _commit(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        b, width = self.bucket, self.path_width
+        past = self.past[:b]
+        stepping = self.max_depth[:b] >= 0  # padding rows commit nothing and teach nothing
         tree = DeviceTree(tokens=live["tokens"], parents=live["parents"], depths=live["depths"],
                           valid=live["valid"], num_nodes=live["num_nodes"], scores=live["scores"])
-        path, length, bonus = walk_device(tree, live["choices"], self.path_width)
-        self.target.cache.compact(self.past, path)
+        path, length, bonus = walk_device(tree, live["choices"], width)
+        self.target.cache.compact(past, path)
         if self.proposer is not None and "features" in live:
             features = live["features"].gather(1, path[:, :, None].expand(-1, -1, live["features"].shape[-1]))
-            self.proposer.extend(features, self.past)
+            self.proposer.extend(features, past)
         # Committed this step: the accepted draft tokens, then the bonus (the target's choice after the last).
         accepted = tree.tokens.gather(1, path)[:, 1:]
-        slot = torch.arange(self.path_width, device=self.device)[None]
-        shifted = torch.cat([accepted, bonus[:, None]], dim=1)  # [B, P]
+        slot = torch.arange(width, device=self.device)[None]
+        shifted = torch.cat([accepted, bonus[:, None]], dim=1)  # [b, P]
         committed = torch.where(slot == (length - 1)[:, None], bonus[:, None], shifted)
-        next_bucket = live.get("next_bucket", torch.zeros_like(length))
         in_path = (slot > 0) & (slot < length[:, None])  # the accepted draft nodes
         if "on_branch" in live:
             lookup_only = live["on_branch"] & ~torch.isfinite(tree.scores)  # no drafter score: a lookup node only
             lookup_count = (lookup_only.gather(1, path) & in_path).sum(1)
         else:
             lookup_count = torch.zeros_like(length)
-        self.out.copy_(torch.cat([length[:, None], committed, next_bucket[:, None], lookup_count[:, None]], dim=1))
+        columns = [length[:, None], committed, lookup_count[:, None]]
         if self.policy is not None:
-            self.policy.learn(Grafted(tree, live["cond"], live["on_branch"]), live["choices"], live.get("ngram"))
+            expected = live.get("expected")
+            columns.append(torch.zeros_like(self.out[:b, 2 + width:]) if expected is None
+                           else (expected * EXPECTED_SCALE).round().long())
+        self.out[:b].copy_(torch.cat(columns, dim=1))
+        if self.policy is not None and "cond" in live:
+            self.policy.learn(Grafted(tree, live["cond"], live["on_branch"]), live["choices"], live.get("ngram"),
+                              live=stepping)
         # The history gains the committed tokens after the root (at past): slots past the count go to the spare column.
-        spare = self.history.shape[1] - 1
-        where = torch.where(slot < length[:, None], self.past[:, None] + 1 + slot, spare).clamp(max=spare)
-        self.history.scatter_(1, where, committed)
-        self.past.add_(length)
-        self.root.copy_(bonus)
+        history = self.history[:b]
+        spare = history.shape[1] - 1
+        where = torch.where(slot < length[:, None], past[:, None] + 1 + slot, spare).clamp(max=spare)
+        history.scatter_(1, where, committed)
+        past.add_(torch.where(stepping, length, 0))
+        self.root[:b].copy_(torch.where(stepping, bonus, self.root[:b]))
         return {}
 
     def _stage_fns(self) -> list[tuple[str, Callable[[dict], dict]]]:
-        # AR drafts nothing: a draft stage would capture an empty CUDA graph (a warning on every capture).
-        draft = [("draft", self._draft)] if self.proposer is not None else []
+        # An AR step drafts nothing: a draft stage would capture an empty CUDA graph (a warning on every capture).
+        draft = [("draft", self._draft)] if self.proposer is not None and self.nodes > 1 else []
         return [*draft, ("tree_build", self._tree_build), ("verify", self._verify), ("commit", self._commit)]
 
     @contextlib.contextmanager
+    def _shape(self, bucket: int, nodes: int, window: int, kind: str) -> Iterator[None]:
+        """Run stages of another step shape for a while (capture, timing), then put the current one back."""
+        saved = (self.bucket, self.nodes, self.window, self.kind)
+        self.bucket, self.nodes, self.window, self.kind = bucket, nodes, window, kind
+        try:
+            yield
+        finally:
+            self.bucket, self.nodes, self.window, self.kind = saved
+
+    @contextlib.contextmanager
     def _scratch(self) -> Iterator[Callable[[], None]]:
-        """Throwaway steps (capture warm-up, cost timing): yields ``reset``, which puts the step state back to an
-        empty cache (``past`` 0, the current size's full depth) so that no step writes past the capacity,
-        whatever the last request left. The policy's learned tables are restored afterwards: these steps verify
-        trees of stale or arbitrary state, and would otherwise feed them to ``policy.learn``.
-        Everything else they touch (cache, history, drafter context) the next prefill makes valid again."""
-        saved = self.policy.state() if self.policy is not None else None
+        """Throwaway steps (capture warm-up, cost timing) on the live state, which rows may be using: yields ``reset``,
+        which puts every row back where it was (``past``, root) with a full-depth tree, and restores the depth limits
+        and the policy's learned tables afterwards (these steps verify trees of stale or arbitrary state: their labels
+        would be noise). Everything else they write lies past each row's committed length (tree K/V, compaction,
+        drafter context, history after the root), which no later step reads before writing it again."""
+        saved = self.past.clone(), self.root.clone(), self.max_depth.clone()
+        tables = self.policy.state() if self.policy is not None else None
 
         def reset() -> None:
-            self.past.zero_()
+            self.past.copy_(saved[0])
+            self.root.copy_(saved[1])
             self.max_depth.fill_(self.nodes - 1)
 
         reset()
         try:
             yield reset
         finally:
-            self.past.zero_()
-            if saved is not None:
-                self.policy.load_state(saved)
+            for tensor, value in zip((self.past, self.root, self.max_depth), saved):
+                tensor.copy_(value)
+            if tables is not None:
+                self.policy.load_state(tables)
 
     def _warm_up(self, steps: int = 2) -> None:
-        """Eager steps of the current size from an empty state (what a capture runs first, on its side stream)."""
+        """Eager steps of the current shape on throwaway state (what a capture runs first, on its side stream)."""
         with torch.inference_mode(), self._scratch() as reset:
             for _ in range(steps):
                 reset()
@@ -318,20 +582,11 @@ class GraphedDecoder:
     # ------------------------------------------------------------------ graphs
 
     def _key(self) -> tuple:
-        return (self.nodes, self.sampling.greedy, self.sampling.top_k, self.sampling.top_p,
-                self.sampling.temperature if not self.sampling.greedy else 0.0)
-
-    def _cost_key(self) -> tuple:
-        """What a step's cost depends on in the sampling settings: greedy takes an argmax per node, sampled
-        verify a full-vocabulary softmax (top-k: a topk, top-p: a sort) per node. Temperature and seed cost
-        nothing extra, so they share a curve (their graphs still differ: the temperature is baked in)."""
-        if self.sampling.greedy:
-            return ("greedy",)
-        return ("sampled", self.sampling.top_k, self.sampling.top_p)
+        return (self.bucket, self.nodes, self.window, self.kind)
 
     def _capture(self) -> _Graphs:
-        """Warm up (2 eager steps on a side stream, from an empty state), then capture each stage; state is reset
-        by the next prefill."""
+        """Warm up (2 eager steps on a side stream, on throwaway state), then capture each stage. A capture only
+        records kernels, so the rows' state is untouched."""
         captured = _Graphs()
         start = time.perf_counter()
         before = torch.cuda.memory_allocated(self.device)
@@ -340,59 +595,69 @@ class GraphedDecoder:
         with torch.cuda.stream(stream):
             self._warm_up()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        # One memory pool for every size's graphs: only one size replays at a time, and the tensors a later
-        # stage reads stay referenced in ``captured.live``, so no capture can reuse their memory.
+        # One memory pool for every shape's graphs (nano-vllm's pattern). A stage's outputs stay referenced in
+        # ``live`` while the later stages of the same step are captured, so no capture inside the step reuses them;
+        # once the step is captured they are released, and another shape's capture may reuse that memory: only one
+        # shape replays at a time, and every step writes a stage's outputs before the next stage reads them.
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        pool = self._pool
-        live = {}
+        live: dict[str, torch.Tensor] = {}
         with torch.inference_mode():
             for name, fn in self._stage_fns():
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    produced = fn(live)
-                live.update(produced)
+                with torch.cuda.graph(graph, pool=self._pool):
+                    live.update(fn(live))
                 captured.graphs[name] = graph
-                captured.live[name] = produced
         torch.cuda.synchronize(self.device)
-        self.past.zero_()
         self.capture_seconds += time.perf_counter() - start
         self.capture_bytes += torch.cuda.memory_allocated(self.device) - before
         return captured
 
-    def sizes(self) -> tuple[int, ...]:
-        """Every tree size this decoder runs (one graph each)."""
-        return self.policy.buckets if self.policy is not None else (self.nodes,)
+    def step_costs(self, kind: str = "greedy", bucket: int = 1) -> list[float]:
+        """Seconds per step of every size at this batch bucket and sampling class: given, or measured once."""
+        key = (kind, bucket)
+        if key not in self._costs:
+            if callable(self.policy_costs):
+                self._costs[key] = [float(self.policy_costs(bucket, size)) for size in self.sizes()]
+            elif self.policy_costs is not None:
+                if len(self.policy_costs) != len(self.sizes()):
+                    raise DFlashInputError(f"policy_costs has {len(self.policy_costs)} entries for the sizes "
+                                           f"{self.sizes()}")
+                self._costs[key] = list(self.policy_costs)
+            else:
+                self._costs[key] = [self._time_step(bucket, size) for size in self.sizes()]
+        return self._costs[key]
 
-    # Inference mode: a generate() that grew the capacity allocated the state under it, and inference tensors
-    # take in-place updates (warm-up, timing, the policy's costs) only inside it.
+    # Inference mode: a step that grew the capacity allocated the state under it, and inference tensors take
+    # in-place updates (warm-up, timing) only inside it.
     @torch.inference_mode()
-    def prepare(self, sampling: SamplingParams | None = None) -> None:
-        """Capture every size's graphs for ``sampling`` (default: the current setting) now, instead of at the first
-        step; with the policy, also measure each size's step time (its cost curve) for this sampling cost class,
-        unless ``policy_costs`` gave it. The policy's learned tables are left as they were."""
+    def prepare(self, sampling: SamplingParams | None = None, buckets: Sequence[int] | None = None,
+                window: int | None = None) -> None:
+        """Capture every size's graphs for the sampling class of ``sampling`` (default: the current setting) at each
+        batch bucket (default: all) and ``window`` (default: what the rows in flight need) now, instead of at the
+        first step that needs them; with the policy, also measure each bucket's step costs for that class, unless
+        ``policy_costs`` gave them. Rows in flight and the policy's learned tables are left as they were."""
         if sampling is not None:
             self.sampling = sampling
-        current = self.nodes
-        try:
+        kind = sampling_kind([self.sampling])
+        for bucket in buckets or self.batch_buckets:
+            shape_window = window or self._window_needed(bucket)
             for size in self.sizes():
-                self.nodes = size
-                if self.use_graphs and self._key() not in self._graphs:
-                    self._graphs[self._key()] = self._capture()
+                with self._shape(bucket, size, shape_window, kind):
+                    if self.use_graphs and self._key() not in self._graphs:
+                        self._graphs[self._key()] = self._capture()
             if self.policy is not None:
-                key = self._cost_key()
-                if key not in self._costs:
-                    self._costs[key] = self.policy_costs or [self._time_step(size) for size in self.sizes()]
-                self.policy.set_costs(self._costs[key])
-        finally:
-            self.nodes = current
+                with self._shape(bucket, self.nodes, shape_window, kind):
+                    costs = self.step_costs(kind, bucket)
+                if bucket == 1:
+                    self.policy.set_costs([c for size, c in zip(self.sizes(), costs) if size >= 2])
 
     @torch.inference_mode()
-    def _time_step(self, size: int, repeats: int = 5) -> float:
-        """Median seconds of one step of ``size`` nodes (graph replay on CUDA) on throwaway state."""
-        self.nodes = size
-        samples = []
-        with self._scratch() as reset:
+    def _time_step(self, bucket: int, size: int, repeats: int = 5) -> float:
+        """Median seconds of one step of ``bucket`` rows and ``size`` nodes (graph replay on CUDA), throwaway state;
+        fewer repeats once they add up to ``TIMING_SECONDS`` (a big batch on a CPU: start-up stays short)."""
+        samples: list[float] = []
+        with self._shape(bucket, size, self.window, self.kind), self._scratch() as reset:
             for rep in range(repeats + 1):
                 reset()
                 self.synchronize()
@@ -401,27 +666,25 @@ class GraphedDecoder:
                 self.synchronize()
                 if rep:
                     samples.append(time.perf_counter() - start)
+                    if sum(samples) >= TIMING_SECONDS:
+                        break
         return sorted(samples)[len(samples) // 2]
 
     @torch.inference_mode()
-    def time_stages(self, size: int, repeats: int = 5) -> dict[str, float]:
-        """Median milliseconds per stage of one step of ``size`` nodes (CUDA events between graph replays on CUDA,
-        wall time on the CPU) on throwaway state, as :meth:`generate` times them; a profiling aid."""
-        current, self.nodes = self.nodes, size
+    def time_stages(self, size: int, repeats: int = 5, bucket: int = 1) -> dict[str, float]:
+        """Median milliseconds per stage of one step of ``bucket`` rows and ``size`` nodes (CUDA events between graph
+        replays on CUDA, wall time on the CPU) on throwaway state, as :meth:`generate` times them; a profiling aid."""
         samples: dict[str, list[float]] = {}
-        try:
-            with self._scratch() as reset:
-                for rep in range(repeats + 1):
-                    reset()
-                    seconds = dict.fromkeys((name for name, _ in self._stage_fns()), 0.0)
-                    self._run_step(seconds)
-                    self.synchronize()
-                    self._collect_stage_times()
-                    if rep:
-                        for name, value in seconds.items():
-                            samples.setdefault(name, []).append(1000.0 * value)
-        finally:
-            self.nodes = current
+        with self._shape(bucket, size, self._window_needed(bucket), self.kind), self._scratch() as reset:
+            for rep in range(repeats + 1):
+                reset()
+                seconds = dict.fromkeys((name for name, _ in self._stage_fns()), 0.0)
+                self._run_step(seconds)
+                self.synchronize()
+                self._collect_stage_times()
+                if rep:
+                    for name, value in seconds.items():
+                        samples.setdefault(name, []).append(1000.0 * value)
         return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
 
     def _run_step(self, stage_seconds: dict[str, float] | None) -> None:
@@ -435,7 +698,7 @@ class GraphedDecoder:
                     captured.graphs[name].replay()
                 return
             # Events between the replays time each stage on the device; read after the step's copy.
-            events = self._events or [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+            events = self._events or [torch.cuda.Event(enable_timing=True) for _ in range(len(STEP_STAGES) + 1)]
             self._events = events
             events[0].record()
             for i, name in enumerate(names):
@@ -452,70 +715,155 @@ class GraphedDecoder:
 
     # ------------------------------------------------------------------ the loop
 
+    def _window_needed(self, bucket: int) -> int:
+        """The window a step of the first ``bucket`` rows needs: every row's next writes end before ``past + span``
+        (free rows sit at 0)."""
+        pasts = [state.past for row, state in self.requests.items() if row < bucket]
+        return self.window_for(max(pasts, default=0) + self.span)
+
+    def _plan(self, stepping: list[int]) -> None:
+        """Everything the next step needs, decided on the host from what it knows: the batch bucket, the capacity
+        (grown if a row needs more), the window, the sampling class, the tree size, and on the device each row's
+        depth limit (-1 for padding rows) and uniforms."""
+        bucket = self.bucket_for(stepping[-1] + 1)
+        need = max(state.past for row, state in self.requests.items() if row < bucket) + self.span
+        if need > self.capacity:
+            self._grow(max(need, 2 * self.capacity))
+        kind = sampling_kind(self.requests[row].sampling for row in stepping)
+        self.bucket, self.window, self.kind = bucket, self._window_needed(bucket), kind
+        if self.chooser is not None:
+            costs = self.step_costs(kind, bucket)
+            self.nodes = self.chooser.choose([self.requests[row].expected for row in stepping], costs)
+        positions = self.target.max_positions
+        depths = [-1] * bucket
+        for row in stepping:
+            state = self.requests[row]
+            depths[row] = min(state.remaining, positions - 1 - state.past, self.nodes - 1)
+        self.max_depth[:bucket].copy_(torch.tensor(depths, dtype=torch.long))
+        if kind != "greedy":
+            for row in stepping:
+                generator = self.requests[row].generator
+                if generator is not None:
+                    self.uniforms[row].uniform_(generator=generator)
+
+    def launch(self) -> torch.Tensor:
+        """One step of the planned shape on the device (no host read); returns the device buffer ``[b, columns]``."""
+        with torch.inference_mode():
+            self._run_step(None)
+        return self.out[: self.bucket]
+
     @torch.inference_mode()
-    def step(self) -> torch.Tensor:
-        """One step on the device (no host read); returns the device buffer ``[B, 1 + P]`` it wrote."""
-        self._run_step(None)
-        return self.out
+    def step(self, rows: Collection[int] | None = None,
+             stage_seconds: dict[str, float] | None = None) -> dict[int, RowResult]:
+        """One step of the admitted rows (``rows``: only those; the others in the bucket are padding this time):
+        ``{row: RowResult}`` for each row that stepped. A row that has committed its ``max_new_tokens`` does not
+        step (its caller releases it)."""
+        chosen = self.requests if rows is None else rows
+        stepping = sorted(row for row in chosen if row in self.requests and self.requests[row].remaining > 0)
+        if not stepping:
+            return {}
+        self._plan(stepping)
+        nodes = self.nodes
+        self._run_step(stage_seconds)
+        out = self._copy_out()
+        self._collect_stage_times()
+        results = {}
+        width = self.path_width
+        for row in stepping:
+            values = out[row]
+            count = values[0]
+            state = self.requests[row]
+            state.past += count
+            state.produced += count
+            if self.policy is not None and nodes > 1:
+                state.expected = [v / EXPECTED_SCALE for v in values[2 + width:]]
+            results[row] = RowResult(values[1 : 1 + count], nodes, values[1 + width])
+        return results
+
+    def _copy_out(self) -> list[list[int]]:
+        """The step's one device-to-host copy: every row's count, tokens and estimates at once."""
+        return self.out[: self.bucket].tolist()
 
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
                  stop_token_ids: Sequence[int] = (), on_tokens: Callable[[list[int]], None] | None = None,
                  generator: torch.Generator | None = None) -> GenerationResult:
-        """Generate up to ``max_new_tokens`` for one prompt; same contract as ``decode.speculative_generate``."""
+        """Generate up to ``max_new_tokens`` for one prompt in row 0 (no other row may be in flight); same contract
+        as ``decode.speculative_generate``."""
         sampling = sampling or SamplingParams()
         prompt = _single_prompt(prompt_ids)
-        check_prompt_fits(len(prompt), max_new_tokens, self.target.max_positions)
-        bad = [t for t in prompt if not 0 <= t < self.target.vocab_size]
-        if bad:
-            raise DFlashInputError(
-                f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{self.target.vocab_size - 1}")
+        if self.requests:
+            raise DFlashInputError(f"generate() decodes one prompt alone; rows {sorted(self.requests)} are in flight")
+        self.check_request(prompt, max_new_tokens)
         self.reserve(len(prompt), max_new_tokens)
         if generator is None and not sampling.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
-        self.prepare(sampling)
+        self.prepare(sampling, buckets=(1,), window=self.window_for(len(prompt) + self.span))
         stops = {int(t) for t in stop_token_ids}
         stats = GenerationStats()
         stats.stage_seconds = dict.fromkeys(STAGES, 0.0)
         output = OutputStream(max_new_tokens, stops, on_tokens)
-        emit = output.emit
 
         t0 = time.perf_counter()
-        ids = torch.tensor([prompt] * self.batch, dtype=torch.long, device=self.device)
-        last_logits, features = self.target.prefill(ids)
-        self.past.fill_(len(prompt))
-        self.history[:, : len(prompt)] = ids
-        if self.proposer is not None and features is not None:
-            self.proposer.extend(features, torch.zeros_like(self.past))
-        if not sampling.greedy:
-            self.uniforms[:, :1].uniform_(generator=generator)
-        self.root.copy_(self._choose(last_logits[:, None])[:, 0])
-        self.history[:, len(prompt)] = self.root
-        done = emit([int(self.root[0].item())])  # the prefill's one copy
+        done = output.emit([self.admit(0, prompt, max_new_tokens, sampling, generator)])
         stats.stage_seconds["prefill"] = time.perf_counter() - t0
-        past = len(prompt)
-        while not done:
-            depth = min(max_new_tokens - len(output), self.target.max_positions - 1 - past, self.nodes - 1)
-            self.max_depth.fill_(depth)
-            if not sampling.greedy:
-                self.uniforms.uniform_(generator=generator)
-            self._run_step(stats.stage_seconds)
-            result = self.out[0].tolist()  # the step's one device-to-host copy
-            self._collect_stage_times()
-            count = result[0]
-            stats.steps += 1
-            stats.acceptance_lengths.append(count)
-            stats.tree_sizes.append(self.nodes)
-            if self.policy is not None:
-                self.nodes = self.policy.buckets[result[1 + self.path_width]]
-                stats.lookup_tokens += result[2 + self.path_width]
-            past += count
-            done = emit(result[1 : 1 + count])
+        try:
+            while not done:
+                result = self.step([0], stats.stage_seconds)[0]
+                stats.steps += 1
+                stats.acceptance_lengths.append(len(result.tokens))
+                stats.tree_sizes.append(result.tree_size)
+                stats.lookup_tokens += result.lookup_tokens
+                done = output.emit(result.tokens)
+        finally:
+            self.last_past = self.requests[0].past
+            self.release(0)
         self.synchronize()
         stats.total_seconds = time.perf_counter() - t0
         stats.new_tokens = len(output)
         return GenerationResult(output_ids=output.tokens, stats=stats, finish_reason=output.finish_reason())
+
+    @torch.inference_mode()
+    def generate_many(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, admit_every: int = 1,
+                      stop_token_ids: Sequence[int] = ()) -> list[GenerationResult]:
+        """Greedy outputs of several prompts through the rows (none may be in flight): prompt i is admitted into the
+        lowest free row once ``i * admit_every`` steps have run (and a row is free), and released when it is done,
+        so rows of different lengths share steps and join mid-run, as on a server."""
+        if self.requests:
+            raise DFlashInputError(f"generate_many() needs free rows; rows {sorted(self.requests)} are in flight")
+        prompts = [[int(t) for t in p] for p in prompts]
+        for prompt in prompts:
+            self.check_request(prompt, max_new_tokens)
+        self.prepare(SamplingParams())
+        stops = {int(t) for t in stop_token_ids}
+        outputs = [OutputStream(max_new_tokens, stops, None) for _ in prompts]
+        stats = [GenerationStats() for _ in prompts]
+        row_of: dict[int, int] = {}
+        waiting, steps, t0 = list(range(len(prompts))), 0, time.perf_counter()
+        while waiting or row_of:
+            free = [r for r in range(self.batch) if r not in self.requests]
+            while waiting and free and waiting[0] * admit_every <= steps:
+                i, row = waiting.pop(0), free.pop(0)
+                row_of[row] = i
+                if outputs[i].emit([self.admit(row, prompts[i], max_new_tokens)]):
+                    self.release(row)
+                    del row_of[row]
+            for row, result in self.step(list(row_of)).items():
+                i = row_of[row]
+                stats[i].steps += 1
+                stats[i].acceptance_lengths.append(len(result.tokens))
+                stats[i].tree_sizes.append(result.tree_size)
+                stats[i].lookup_tokens += result.lookup_tokens
+                if outputs[i].emit(result.tokens):
+                    self.release(row)
+                    del row_of[row]
+            steps += 1
+        seconds = time.perf_counter() - t0
+        for output, stat in zip(outputs, stats):
+            stat.total_seconds, stat.new_tokens = seconds, len(output)
+        return [GenerationResult(output_ids=o.tokens, stats=st, finish_reason=o.finish_reason())
+                for o, st in zip(outputs, stats)]
 
     def _collect_stage_times(self) -> None:
         """Add the last graphed step's per-stage device times (its events are complete after the copy)."""
@@ -529,3 +877,7 @@ class GraphedDecoder:
     def synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def _round_up(capacity: int) -> int:
+    return -(-int(capacity) // CAPACITY_STEP) * CAPACITY_STEP

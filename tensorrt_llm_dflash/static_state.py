@@ -4,7 +4,10 @@ A CUDA graph replays the same kernels on the same addresses, so everything a dec
 lives in buffers allocated once: the target's K/V for every layer in one tensor (so that KV
 compaction is one gather and one scatter for all layers), the drafter's context K/V likewise, and
 every per-step input (write slots, positions, masks) as a fixed-shape tensor. Every buffer has a
-batch dimension; batch 1 is what runs now.
+batch dimension of ``batch`` rows (one request each). A call covers the first ``b`` rows (a batch
+bucket: one CUDA graph per bucket) or one row (a prefill into a free row while the others are
+mid-generation), and attends over the first ``window`` slots only: a step costs what its longest row
+needs, not what the capacity holds.
 
 * :class:`StaticTarget` runs any transformers causal LM over :class:`RowSlotCache`: the model's own
   forward, with a 4-D additive mask over the whole cache capacity and the K/V of each call written
@@ -50,11 +53,13 @@ class _RowSlotLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor,
                *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # 4.57: cache_kwargs; 5.2x: kwargs=
-        slots = self.owner.write_slots  # [B, N]
+        owner = self.owner
+        keys, values = self.keys[owner.rows], self.values[owner.rows]  # views: the writes land in the shared tensor
+        slots = owner.write_slots  # [b, N]
         index = slots[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[3])
-        self.keys.scatter_(2, index, key_states.to(self.keys.dtype))
-        self.values.scatter_(2, index, value_states.to(self.values.dtype))
-        return self.keys, self.values
+        keys.scatter_(2, index, key_states.to(keys.dtype))
+        values.scatter_(2, index, value_states.to(values.dtype))
+        return keys[:, :, : owner.window], values[:, :, : owner.window]
 
     def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         return self.keys.shape[2], 0
@@ -72,34 +77,44 @@ class _RowSlotLayer(CacheLayerMixin):
 class RowSlotCache(Cache):
     """A transformers ``Cache`` over one preallocated tensor ``kv [2, layers, batch, kv_heads, capacity, head_dim]``.
 
-    ``write_slots`` ([batch, N], set by the runtime before each forward) says where each row's N new
-    K/V go. transformers' own StaticCache writes one ``cache_position`` for all rows and turns
-    sliding-window layers into rolling buffers, which tree verification and compaction cannot use.
+    Before each forward the runtime sets ``rows`` (a slice: the rows this call covers), ``window``
+    (attention reads slots ``0 .. window - 1``; the mask has that many columns) and ``write_slots``
+    ([rows, N]: where each row's N new K/V go). transformers' own StaticCache writes one
+    ``cache_position`` for all rows and turns sliding-window layers into rolling buffers, which tree
+    verification and compaction cannot use.
     """
 
     def __init__(self, layers: int, batch: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         self.kv = torch.zeros(2, layers, batch, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.write_slots = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.rows = slice(0, batch)
+        self.window = capacity
         super().__init__(layers=[_RowSlotLayer(self.kv[0, i], self.kv[1, i], self) for i in range(layers)])
 
     @property
     def capacity(self) -> int:
         return int(self.kv.shape[4])
 
+    def copy_from(self, other: RowSlotCache) -> None:
+        """Take over ``other``'s K/V (a smaller capacity: growing the state keeps every row's cache)."""
+        self.kv[..., : other.capacity, :].copy_(other.kv)
+
     def compact(self, past: torch.Tensor, path: torch.Tensor) -> None:
         """Move slot ``past[b] + path[b, j]`` to ``past[b] + j`` in every layer, K and V at once.
 
         ``path`` [B, P] holds accepted tree nodes in depth order (padded by repeating the last one);
         the rows past the accepted length land beyond the new length, where nothing reads them.
-        The gather copies before the scatter writes, so overlapping slots are safe.
+        The gather copies before the scatter writes, so overlapping slots are safe. It covers the first
+        ``past.shape[0]`` rows.
         """
-        two, layers, batch, heads, _, dim = self.kv.shape
+        kv = self.kv[:, :, : past.shape[0]]
+        two, layers, batch, heads, _, dim = kv.shape
         width = path.shape[1]
         source = (past[:, None] + path)[None, None, :, None, :, None].expand(two, layers, batch, heads, width, dim)
         target = (past[:, None] + torch.arange(width, device=path.device))[None, None, :, None, :, None]
-        rows = self.kv.gather(4, source)
-        self.kv.scatter_(4, target.expand_as(source), rows)
+        rows = kv.gather(4, source)
+        kv.scatter_(4, target.expand_as(source), rows)
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -151,43 +166,53 @@ class StaticTarget:
         windowed = _additive(allowed & (query_pos[:, :, None] - key_pos[:, None, :] < self._window), self.dtype)
         return {"full_attention": mask, "sliding_attention": windowed} if self._mixed else windowed
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: Any,
-             features: bool, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self.cache.write_slots = slots
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask,
-                         cache_position=slots[0], use_cache=True, **{CACHE_KWARG: self.cache}, output_hidden_states=bool(features and self.layer_ids),
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: Any, rows: slice,
+             window: int, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cache = self.cache
+        cache.write_slots, cache.rows, cache.window = slots, rows, window
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache_position=slots[0],
+                         use_cache=True, **{CACHE_KWARG: cache}, output_hidden_states=bool(self.layer_ids),
                          logits_to_keep=1 if last_only else 0)
         feats = None
-        if features and self.layer_ids:
+        if self.layer_ids:
             feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
         return out.logits, feats
 
     @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Prompt ids [B, P] (rows of equal length) at slots 0..P-1: last logits [B, V], features [B, P, F]."""
+    def prefill(self, prompt: torch.Tensor, row: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Prompt ids [b, P] (rows of equal length) at slots 0..P-1 of rows ``0..b-1``, or [1, P] into row ``row``
+        alone (the other rows are not touched): last logits [b, V], features [b, P, F]."""
         batch, length = prompt.shape
         if length > self.capacity:
             raise DFlashInputError(f"prompt length {length} exceeds the cache capacity {self.capacity}")
-        positions = torch.arange(length, device=self.device)[None].expand(batch, -1)
-        allowed = positions[:, :, None] >= self._slots[None, None, :]  # causal over the whole capacity
-        mask = self._masks(allowed, positions, self._slots[None].expand(batch, -1))
-        logits, feats = self._run(prompt, positions, positions, mask, True, last_only=True)
+        rows = slice(0, batch) if row is None else slice(row, row + 1)
+        # Attention reads slots 0..P-1 only: a prefill costs what its prompt needs, whatever the capacity.
+        slots = self._slots[:length]
+        positions = slots[None].expand(batch, -1)
+        allowed = positions[:, :, None] >= slots[None, None, :]  # causal
+        mask = self._masks(allowed, positions, positions)
+        logits, feats = self._run(prompt, positions, positions, mask, rows, length, last_only=True)
         return logits[:, -1], feats
 
     @torch.inference_mode()
-    def verify(self, tokens: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor,
-               past: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Tree tokens/depths [B, N], visibility [B, N, N], lengths [B] -> logits [B, N, V], features [B, N, F]."""
+    def verify(self, tokens: torch.Tensor, depths: torch.Tensor, visible: torch.Tensor, past: torch.Tensor,
+               window: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tree tokens/depths [b, N], visibility [b, N, N], lengths [b] of rows ``0..b-1`` -> logits [b, N, V],
+        features [b, N, F]. Attention reads the first ``window`` slots (default: the capacity), which must hold
+        every row's ``past + N``."""
         n = tokens.shape[1]
+        window = self.capacity if window is None else int(window)
+        cache_slots = self._slots[:window]
         slots = past[:, None] + torch.arange(n, device=tokens.device)
         positions = past[:, None] + depths
-        relative = self._slots[None, :] - past[:, None]  # [B, S]: slot - past
+        relative = cache_slots[None, :] - past[:, None]  # [b, W]: slot - past
         in_tree = (relative >= 0) & (relative < n)
-        tree_cols = visible.gather(2, relative.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [B, N, S]
+        tree_cols = visible.gather(2, relative.clamp(0, n - 1)[:, None, :].expand(-1, n, -1))  # [b, N, W]
         allowed = (relative < 0)[:, None, :] | (in_tree[:, None, :] & tree_cols)
         # A key's position: its slot for committed tokens, past + depth for tree nodes.
-        key_pos = torch.where(in_tree, past[:, None] + depths.gather(1, relative.clamp(0, n - 1)), self._slots[None])
-        return self._run(tokens, positions, slots, self._masks(allowed, positions, key_pos), True)
+        key_pos = torch.where(in_tree, past[:, None] + depths.gather(1, relative.clamp(0, n - 1)), cache_slots[None])
+        return self._run(tokens, positions, slots, self._masks(allowed, positions, key_pos),
+                         slice(0, tokens.shape[0]), window)
 
 
 class StaticDrafter:
@@ -223,44 +248,53 @@ class StaticDrafter:
     def capacity(self) -> int:
         return int(self.kv.shape[4]) - self.block_size
 
-    def _write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def copy_from(self, other: StaticDrafter) -> None:
+        """Take over ``other``'s context K/V (a smaller capacity: growing the state keeps every row's context)."""
+        self.kv[..., : other.kv.shape[4], :].copy_(other.kv)
+
+    def _write(self, layer: int, rows: slice, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
-        self.kv[0, layer].scatter_(2, index, k)
-        self.kv[1, layer].scatter_(2, index, v)
+        self.kv[0, layer, rows].scatter_(2, index, k)
+        self.kv[1, layer, rows].scatter_(2, index, v)
 
     @torch.inference_mode()
-    def extend(self, features: torch.Tensor, start: torch.Tensor) -> None:
-        """Context K/V of ``features`` [B, P, F] at slots ``start .. start + P - 1`` (rows past the accepted
-        count are scratch: the next call overwrites them)."""
+    def extend(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
+        """Context K/V of ``features`` [b, P, F] at slots ``start .. start + P - 1`` of rows ``0..b-1``, or of [1, P, F]
+        in row ``row`` alone (rows past the accepted count are scratch: the next call overwrites them)."""
+        rows = slice(0, features.shape[0]) if row is None else slice(row, row + 1)
         slots = start[:, None] + torch.arange(features.shape[1], device=self.device)
         ctx = self.model.project_context(features.to(self.dtype))
         cos, sin = self.model.rotary_emb(slots, ctx.dtype)
         for i, layer in enumerate(self.model.layers):
             k, v = layer.self_attn.key_values(ctx, cos, sin)
-            self._write(i, slots, k, v)
+            self._write(i, rows, slots, k, v)
 
     @torch.inference_mode()
-    def draft(self, root: torch.Tensor, context_len: torch.Tensor) -> torch.Tensor:
-        """Logits [B, block - 1, draft vocabulary] for the positions after ``root`` [B]."""
+    def draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        """Logits [b, block - 1, draft vocabulary] for the positions after ``root`` [b] (rows ``0..b-1``). Attention
+        reads the first ``window`` slots (default: all), which must hold every row's ``context_len + block``."""
         batch = root.shape[0]
+        rows = slice(0, batch)
+        window = self.kv.shape[4] if window is None else int(window)
+        slots_seen = self._slots[:window]
         ids = torch.full((batch, self.block_size), self.mask_token_id, dtype=torch.long, device=self.device)
         ids[:, 0] = root
         x = self.embed_tokens(ids.to(self.embed_tokens.weight.device)).to(self.device, self.dtype)
-        positions = context_len[:, None] + self._offsets  # [B, block]: the block's slots and positions
+        positions = context_len[:, None] + self._offsets  # [b, block]: the block's slots and positions
         cos, sin = self.model.rotary_emb(positions, x.dtype)
-        visible = self._slots[None, :] < (context_len[:, None] + self.block_size)  # [B, S + block]
+        visible = slots_seen[None, :] < (context_len[:, None] + self.block_size)  # [b, W]
         for i, layer in enumerate(self.model.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
             q = apply_rope(attn.q_norm(attn._heads(h, attn.q_proj, attn.num_heads)), cos, sin)
             k, v = attn.key_values(h, cos, sin)
-            self._write(i, positions, k, v)
+            self._write(i, rows, positions, k, v)
             allowed = visible[:, None, :].expand(-1, self.block_size, -1)
             if attn.sliding_window is not None:
-                allowed = allowed & (positions[:, :, None] - self._slots[None, None, :] < attn.sliding_window)
+                allowed = allowed & (positions[:, :, None] - slots_seen[None, None, :] < attn.sliding_window)
             mask = _additive(allowed, q.dtype)
-            out = F.scaled_dot_product_attention(q, self.kv[0, i], self.kv[1, i], attn_mask=mask,
-                                                 scale=1.0 / math.sqrt(attn.head_dim),
+            out = F.scaled_dot_product_attention(q, self.kv[0, i, rows, :, :window], self.kv[1, i, rows, :, :window],
+                                                 attn_mask=mask, scale=1.0 / math.sqrt(attn.head_dim),
                                                  enable_gqa=attn.num_heads != attn.num_kv_heads)
             x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, self.block_size, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))

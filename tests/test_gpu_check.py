@@ -71,6 +71,10 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
         assert checks[f"{tag}/sampled-vs-eager-stages"]["figures"]["equal_eager_stages_T0.8"] is True
         assert all(checks[f"{tag}/compaction-boundary-{kind}"]["figures"]["equal_eager_ar"] is True
                    for kind in ("drafter", "oracle"))
+        for method in ("ar", "ddtree:32", "auto"):  # four rows of one decoder, each equal to its solo run
+            batch = checks[f"{tag}/batch{module.BATCH_ROWS}-{method}"]["figures"]
+            assert batch["equal_solo"] == batch["rows"] == 4 and batch["equal_eager_stages"] is True
+            assert batch["tokens"] == 4 * report["max_new_tokens"]
     assert checks["shipped-drafter"]["figures"]["target_layer_ids"] == [1, 8, 14, 20, 27]
     assert checks["plugins/cmake"]["status"] == "skip" and "CUDA device" in checks["plugins/cmake"]["error"]
     out = capsys.readouterr().out

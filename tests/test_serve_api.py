@@ -36,7 +36,7 @@ def models() -> TinyModels:
 
 @pytest.fixture(scope="module")
 def server(models):
-    """Four rows (a RowStack of batch-1 graphed decoders), the cost-aware tree with lookup branches."""
+    """Four rows of one batched graphed decoder, the cost-aware tree with lookup branches."""
     live = tiny_server(models, rows=4)
     yield live
     live.close()
@@ -212,7 +212,7 @@ def test_a_burst_of_64_requests_from_16_clients(server, models):
     assert after['dflash_requests_finished_total{finish_reason="length"}'] - \
         before.get('dflash_requests_finished_total{finish_reason="length"}', 0) == 64
     assert after["dflash_running_requests"] == after["dflash_queue_depth"] == 0
-    # The four rows were used together (a RowStack steps every live row per engine step).
+    # The four rows were used together (one batched step covers every live row).
     assert after["dflash_row_steps_total"] - before["dflash_row_steps_total"] > \
         1.5 * (after["dflash_engine_steps_total"] - before["dflash_engine_steps_total"])
 

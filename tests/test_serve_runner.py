@@ -1,9 +1,14 @@
 """The model side of the server (tensorrt_llm_dflash.serve.runner) and one request's output (serve.sequence).
 
-* GraphedRunner replays GraphedDecoder.generate step by step: the same tokens, the same tree sizes and
-  acceptance per step, greedy and seeded sampling, AR / chain / DDTree / the cost-aware tree.
-* A RowStack's rows are independent: rows admitted mid-run, released early, of different lengths and
-  temperatures, each give what that request gives alone.
+* GraphedRunner at one row replays GraphedDecoder.generate step by step: the same tokens, the same tree sizes
+  and acceptance per step, greedy and seeded sampling, AR / chain / DDTree / the cost-aware tree.
+* GraphedRunner at four rows is one batched decoder: every step is one forward over the rows (the batch bucket
+  grows with the rows in flight); rows admitted mid-run, released early, of different lengths and
+  temperatures each give what that request gives alone (a fixed tree: token for token at every temperature;
+  the cost-aware tree, whose size is the batch's: greedy rows token for token); free rows below busy ones are
+  packed so that the bucket shrinks; a long request grows the state without disturbing the others.
+* max_model_len leaves room for one step's writes (block or tree, whichever is larger) past the last position
+  (issue 35's compaction write past the cache, which the old sizing by tree repeated).
 * RowOutput cuts at stop tokens, the length limit and the first stop string (never sending a stop string,
   whatever the chunking), and its chunks concatenate to the decoded text.
 """
@@ -16,11 +21,12 @@ import pytest
 import torch
 from serve_support import POLICY_BUCKETS, POLICY_COSTS, TinyModels
 from tiny_dirs import char_tokenizer
+from tiny_models import hf_greedy, tiny_drafter, tiny_target
 
 from tensorrt_llm_dflash.errors import DFlashInputError
 from tensorrt_llm_dflash.graphed import GraphedDecoder
 from tensorrt_llm_dflash.sampling import SamplingParams
-from tensorrt_llm_dflash.serve.runner import BatchRunner, GraphedRunner, RowRequest, RowStack, graphed_rows
+from tensorrt_llm_dflash.serve.runner import BatchRunner, DecoderSpec, GraphedRunner, RowRequest, graphed_rows
 from tensorrt_llm_dflash.serve.sequence import GenerationRequest, RowOutput
 
 
@@ -65,71 +71,133 @@ def test_the_graphed_runner_equals_generate_step_for_step(models, speculative, b
         assert max(counts) > 1, "no step accepted a draft token: the test would not see a speculative step"
 
 
-def test_rows_of_a_stack_are_independent(models):
-    """Four rows: admitted at different steps, different lengths, greedy and sampled, one released early; each
-    row's tokens equal what it gives alone on a fresh runner."""
-    stack = graphed_rows(models.spec(None), 4)
-    assert isinstance(stack, RowStack) and stack.max_batch == 4
-    rows = {
-        0: RowRequest(models.encode("def add(a, b):"), 30, SamplingParams()),
-        1: RowRequest(models.encode("hello"), 12, SamplingParams(0.8, seed=3)),
-        2: RowRequest(models.encode("a much longer prompt, with punctuation: (1, 2)"), 25, SamplingParams()),
-        3: RowRequest(models.encode("x"), 40, SamplingParams(1.2, top_k=5, seed=9)),
-    }
-    admit_at = {0: 0, 1: 0, 2: 3, 3: 7}  # rows 2 and 3 join while 0 and 1 run
-    release_at = {3: 15}  # row 3's client goes away after 15 steps
+ROWS = {
+    0: RowRequest([], 30, SamplingParams()),
+    1: RowRequest([], 12, SamplingParams(0.8, seed=3)),
+    2: RowRequest([], 25, SamplingParams()),
+    3: RowRequest([], 40, SamplingParams(1.2, top_k=5, seed=9)),
+}
+PROMPTS = {0: "def add(a, b):", 1: "hello", 2: "a much longer prompt, with punctuation: (1, 2)", 3: "x"}
+
+
+def run_together(runner: GraphedRunner, rows: dict[int, RowRequest], admit_at: dict[int, int],
+                 release_at: dict[int, int]) -> tuple[dict[int, list[int]], list[int]]:
+    """Drive the runner as the engine does; (tokens per slot, the batch bucket of each decode step)."""
     got: dict[int, list[int]] = {slot: [] for slot in rows}
+    buckets: list[int] = []
     live: set[int] = set()
-    for step in range(200):
+    for step in range(300):
         for slot, at in admit_at.items():
             if at == step:
-                stack.admit(slot, rows[slot])
+                runner.admit(slot, rows[slot])
                 live.add(slot)
         for slot in [s for s in live if release_at.get(s) == step]:
-            stack.release(slot)
+            runner.release(slot)
             live.discard(slot)
         if not live:
             break
-        out = stack.step()
+        out = runner.step()
         assert set(out) == live, "every admitted row commits in every step"
+        if any(not result.is_prefill for result in out.values()):
+            buckets.append(runner.decoder.bucket)
         for slot, result in out.items():
             got[slot] += result.tokens
             if len(got[slot]) >= rows[slot].max_new_tokens:
-                stack.release(slot)
+                runner.release(slot)
                 live.discard(slot)
+    return got, buckets
+
+
+@pytest.mark.parametrize("budget", [4, None])
+def test_rows_of_a_batch_are_independent(models, budget):
+    """Four rows in one decoder: admitted at different steps, different lengths, greedy and sampled, one released
+    early; each row's tokens equal what it gives alone on a fresh one-row runner (under the cost-aware tree, whose
+    size is the batch's, the greedy rows), and the steps really ran several rows at once."""
+    rows = {slot: RowRequest(models.encode(PROMPTS[slot]), row.max_new_tokens, row.sampling)
+            for slot, row in ROWS.items()}
+    runner = graphed_rows(models.spec(budget), 4)
+    assert isinstance(runner, GraphedRunner) and runner.max_batch == 4 and runner.decoder.batch == 4
+    admit_at = {0: 0, 1: 0, 2: 3, 3: 7}  # rows 2 and 3 join while 0 and 1 run
+    release_at = {3: 15}  # row 3's client goes away after 15 steps
+    got, buckets = run_together(runner, rows, admit_at, release_at)
+    assert max(buckets) == 4 and min(buckets) <= 2, buckets  # batched, and the bucket followed the rows
     for slot, row in rows.items():
-        alone, _, _ = run_alone(GraphedRunner(models.spec(None)), 0, row)
+        alone, _, _ = run_alone(GraphedRunner(models.spec(budget)), 0, row)
         if slot in release_at:
-            assert got[slot] == alone[: len(got[slot])] and len(got[slot]) < row.max_new_tokens
-        else:
-            assert got[slot][: row.max_new_tokens] == alone
+            assert len(got[slot]) < row.max_new_tokens
+        if budget is None and not row.sampling.greedy:
+            assert len(got[slot]) >= min(row.max_new_tokens, 1) and all(0 <= t < 64 for t in got[slot])
+            continue
+        assert got[slot][: row.max_new_tokens] == alone[: len(got[slot])], slot
         if row.sampling.greedy:
             assert alone == models.solo_ids(row.prompt_ids, row.max_new_tokens)
 
 
+def test_free_rows_below_busy_ones_are_packed(models):
+    """Three requests in rows 0-2; rows 0 and 1 finish: the third moves to row 0 and steps in bucket 1, its tokens
+    still its own greedy output."""
+    runner = GraphedRunner(models.spec(4), max_batch=4)
+    prompts = [models.encode(text) for text in ("ab", "cd", "the longest of them")]
+    for slot, prompt in enumerate(prompts):
+        runner.admit(slot, RowRequest(prompt, 6 if slot < 2 else 40, SamplingParams()))
+    got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    buckets = []
+    while runner._row_of:
+        for slot, result in runner.step().items():
+            got[slot] += result.tokens
+            if len(got[slot]) >= (6 if slot < 2 else 40):
+                runner.release(slot)
+        buckets.append(runner.decoder.bucket)
+    assert runner.decoder.requests == {} and buckets[-1] == 1 and 4 in buckets, buckets
+    for slot, prompt in enumerate(prompts):
+        n = 6 if slot < 2 else 40
+        assert got[slot][:n] == models.solo_ids(prompt, n)
+
+
 @pytest.mark.parametrize("budget", [4, None])
-def test_a_row_that_outgrows_its_decoder_moves_to_a_bigger_one(models, budget):
-    """Decoders from 256 slots, rows starting with room for 32 more tokens: a 300-token answer to a 100-token prompt
-    starts in the 256-slot decoder (admission picks it) and moves to a 512-slot one near slot 256, prefilling what it
-    has committed; its tokens are still the target's own greedy output. A short request afterwards runs in the small
-    decoder again."""
-    runner = GraphedRunner(models.spec(budget), initial_capacity=256, growth_tokens=32)
-    assert runner.capacities == [256]
-    prompt = models.encode("def add(a, b):\n    return a + b\n" * 3)[:100]
-    tokens, sizes, counts = run_alone(runner, 0, RowRequest(prompt, 300, SamplingParams()))
-    assert runner.capacities == [256, 512] and runner.decoder.capacity == 512
-    assert tokens == models.solo_ids(prompt, 300)
-    assert sum(counts) + 1 >= 300 and max(counts) > 1
-    short = models.encode("x")
-    tokens, _, _ = run_alone(runner, 0, RowRequest(short, 10, SamplingParams()))
-    assert runner.decoder.capacity == 256 and tokens == models.solo_ids(short, 10)
+def test_a_long_request_grows_the_state_and_the_other_rows_keep_their_tokens(models, budget):
+    """A 300-token answer to a 100-token prompt in a runner of 256 slots per row, beside short requests that come
+    and go: the state grows (every row copied), and every answer is its own greedy output."""
+    runner = GraphedRunner(models.spec(budget), max_batch=2, initial_capacity=256)
+    assert runner.capacity == 256
+    long_prompt = models.encode("def add(a, b):\n    return a + b\n" * 3)[:100]
+    shorts = [models.encode(text) for text in ("x", "hello", "(1, 2)", "abc", "zz")]
+    rows = {0: RowRequest(long_prompt, 300, SamplingParams())}
+    rows.update({1 + i: RowRequest(p, 50, SamplingParams()) for i, p in enumerate(shorts)})
+    got: dict[int, list[int]] = {slot: [] for slot in rows}
+    runner.admit(0, rows[0])
+    live = {0: 0}  # runner slot -> request
+    queue = list(range(1, len(rows)))
+    while live:
+        if 1 not in live and queue:
+            live[1] = queue.pop(0)
+            runner.admit(1, rows[live[1]])
+        for slot, result in runner.step().items():
+            request = live[slot]
+            got[request] += result.tokens
+            if len(got[request]) >= rows[request].max_new_tokens:
+                runner.release(slot)
+                del live[slot]
+    assert runner.capacity >= 100 + 300 and not queue
+    for request, row in rows.items():
+        assert got[request][: row.max_new_tokens] == models.solo_ids(row.prompt_ids, row.max_new_tokens), request
 
 
-def test_a_request_that_fits_never_moves(models):
-    runner = GraphedRunner(models.spec(4), initial_capacity=256, growth_tokens=32)
-    prompt = models.encode("a" * 150)
-    run_alone(runner, 0, RowRequest(prompt, 30, SamplingParams()))
-    assert runner.capacities == [256]
+def test_max_model_len_leaves_one_steps_writes_past_the_last_position():
+    """Block 16, DDTree 3 (a 4-node tree): a step writes 16 slots past ``past`` (the compaction), not 4. A target of
+    500 positions holds at most 512 slots per row (positions + 256, in steps of 256), so a row holds 496 tokens; the
+    old sizing (positions, less one tree + 1) said 500 and a 500-token request compacted past the cache."""
+    model = tiny_target("qwen3", seed=1, max_positions=500)
+    drafter = tiny_drafter(model, block_size=16, seed=1)
+    runner = GraphedRunner(DecoderSpec(model, drafter, budget=3), initial_capacity=256)
+    assert runner.decoder.span == 16 and runner.max_model_len == 512 - 16
+    with pytest.raises(DFlashInputError, match="max_model_len=497 must be in 1..496"):
+        GraphedRunner(DecoderSpec(model, drafter, budget=3), max_model_len=497)
+    with pytest.raises(DFlashInputError, match="exceeds the target's max_position_embeddings=496"):
+        runner.admit(0, RowRequest([5] * 400, 97, SamplingParams()))
+    prompt = [int(t) for t in torch.randint(2, 64, (400,), generator=torch.Generator().manual_seed(0))]
+    tokens, _, _ = run_alone(runner, 0, RowRequest(prompt, 96, SamplingParams()))
+    assert tokens == hf_greedy(model, prompt, 96) and runner.capacity == 512
 
 
 def test_the_runner_refuses_what_cannot_run(models):
@@ -140,6 +208,8 @@ def test_the_runner_refuses_what_cannot_run(models):
         runner.admit(0, RowRequest([3] * 500, 20, SamplingParams()))
     with pytest.raises(DFlashInputError, match="slot=1 does not exist"):
         runner.admit(1, RowRequest([3], 4, SamplingParams()))
+    with pytest.raises(DFlashInputError, match="needs a seed"):
+        runner.admit(0, RowRequest([3], 4, SamplingParams(0.7)))
     runner.admit(0, RowRequest([3, 4], 4, SamplingParams()))
     with pytest.raises(DFlashInputError, match="slot 0 is busy"):
         runner.admit(0, RowRequest([3], 4, SamplingParams()))

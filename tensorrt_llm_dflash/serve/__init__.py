@@ -12,7 +12,7 @@ Layers, in nano-vllm's manner (docs/serving.md):
 """
 
 from .engine import Engine, EngineStopped, QueueFull
-from .runner import BatchRunner, DecoderSpec, GraphedRunner, RowRequest, RowStack, RowStep, graphed_rows
+from .runner import BatchRunner, DecoderSpec, GraphedRunner, RowRequest, RowStep, graphed_rows
 
 __all__ = ["BatchRunner", "DecoderSpec", "Engine", "EngineStopped", "GraphedRunner", "QueueFull", "RowRequest",
-           "RowStack", "RowStep", "graphed_rows"]
+           "RowStep", "graphed_rows"]

@@ -76,14 +76,14 @@ def build_parser() -> cli.ArgumentParser:
     server.add_argument("--served_model_name", type=served_name, default=None,
                         help="the model's name in the API (default: the target directory's name)")
     server.add_argument("--max_batch_size", type=cli.integer(1, MAX_BATCH_SIZE), default=1,
-                        help="rows decoded together. The graphed runtime runs one row per decoder today, so N > 1 "
-                             "builds N decoders stepped in turn: requests progress together, but no forward pass "
-                             "is shared yet (docs/serving.md)")
+                        help="rows decoded together: one batched decoder, every step one forward pass over the rows "
+                             "in flight (the cost-aware tree picks its size for the batch; docs/serving.md)")
     server.add_argument("--max_queue", type=cli.integer(0, MAX_QUEUE), default=64,
                         help="requests that may wait for a row; past max_batch_size + max_queue in flight, new "
                              "requests get 429")
     server.add_argument("--max_model_len", type=cli.integer(1), default=None,
-                        help="prompt + output tokens per request (default: the target's positions)")
+                        help="prompt + output tokens per request (default: the target's positions, less one "
+                             "step's writes past the last)")
     server.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     return ap
 

@@ -1,0 +1,128 @@
+"""The cost-aware tree at batch B (tensorrt_llm_dflash.device_policy): the host's size choice from injected cost
+curves (deterministic, no timing), and the device side's per-row estimates and padding-blind learning.
+
+* The choice is the size with the most expected tokens per second for the whole batch (brute force over random
+  batches and curves), AR included: where AR wins on the batch's own curve it is chosen, so speculation never
+  costs the batch throughput against AR at the same concurrency, except for the back-off's probes, which
+  thin out (doubling gaps, at most one step in 65).
+* A row not drafted for yet counts as the mean of the others; a batch with no estimate starts at the start size.
+* ``expected_tokens`` is 1 + the sum of the best ``size - 1`` path values; ``learn`` ignores padding rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tensorrt_llm_dflash.device_lookup import Grafted
+from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS, DevicePolicy, SizeChooser
+from tensorrt_llm_dflash.device_tree import build_ddtree_device
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def random_rows(rng: np.random.Generator, rows: int) -> list[list[float]]:
+    """Expected tokens per drafted size: 1 + partial sums of decreasing path values (what the device writes)."""
+    out = []
+    for _ in range(rows):
+        values = np.sort(rng.uniform(0, 1, 63) ** rng.uniform(0.5, 6))[::-1]
+        expected = 1 + np.concatenate([[0.0], np.cumsum(values)])
+        out.append([float(expected[size - 1]) for size in SIZES[1:]])
+    return out
+
+
+def rate(rows: list[list[float]], costs: list[float], size: int) -> float:
+    tokens = len(rows) if size == 1 else sum(row[SIZES[1:].index(size)] for row in rows)
+    return tokens / costs[SIZES.index(size)]
+
+
+def test_the_choice_has_the_most_tokens_per_second_for_the_batch():
+    rng = np.random.default_rng(0)
+    chose_ar = chose_tree = 0
+    for _ in range(500):
+        rows = random_rows(rng, int(rng.integers(1, 17)))
+        bucket = len(rows)
+        # Per step: a fixed overhead, a per-token part (steep on a CPU, nearly flat on a GPU), a draft's cost.
+        per_token = rng.choice([1e-4, 1e-3, 1e-2])
+        costs = [1e-2 + per_token * bucket * size + (2e-3 * bucket if size > 1 else 0.0) for size in SIZES]
+        choice = SizeChooser(SIZES).choose(rows, costs)
+        best = max(SIZES, key=lambda size: rate(rows, costs, size))
+        assert choice == best
+        assert rate(rows, costs, choice) >= rate(rows, costs, 1)  # never below AR at this batch
+        chose_ar += choice == 1
+        chose_tree += choice > 1
+    assert chose_ar > 50 and chose_tree > 50  # both answers occur: the test sees both sides
+
+
+def test_where_no_tree_pays_ar_runs_and_the_probes_back_off():
+    """A batch where AR wins every time: the chooser says AR, drafting once after 1, 2, 4, ... 64 AR steps to refresh
+    its estimates (stale ones cannot tell when trees would pay again); the gaps never exceed 64."""
+    chooser = SizeChooser(SIZES)
+    rows = [[1.2, 1.3, 1.35, 1.4, 1.4, 1.4]] * 8
+    costs = [1.0 * size for size in SIZES]  # every node costs a row's step: 8 / 1.0 for AR beats any tree
+    choices = [chooser.choose(rows, costs) for _ in range(400)]
+    probes = [i for i, size in enumerate(choices) if size > 1]
+    gaps = np.diff([-1, *probes]) - 1  # AR steps before each probe
+    assert list(gaps[:7]) == [1, 2, 4, 8, 16, 32, 64] and set(gaps[7:]) == {64}
+    assert all(choices[i] == 2 for i in probes)  # the probe drafts at the best drafted size
+    assert len(probes) <= 7 + 400 // 65
+
+
+def test_a_probe_that_finds_speculation_paying_resets_the_back_off():
+    chooser = SizeChooser(SIZES)
+    poor = [[1.05, 1.1, 1.1, 1.1, 1.1, 1.1]] * 4
+    good = [[2.0, 3.9, 7.5, 12.0, 15.0, 16.0]] * 4
+    costs = [1.0 + 0.1 * size for size in SIZES]
+    for _ in range(20):
+        chooser.choose(poor, costs)
+    assert chooser.backoff > 4
+    assert chooser.choose(good, costs) == 16 and chooser.backoff == 1 and chooser.ar_run == 0
+    assert chooser.choose(poor, costs) == 1 and chooser.choose(poor, costs) == 2  # one AR step, then a probe
+
+
+def test_rows_without_estimates():
+    chooser = SizeChooser(SIZES, start=16)
+    assert chooser.choose([None, None], [1.0] * len(SIZES)) == 16  # nothing drafted yet: the start size
+    known = [1.5, 2.0, 2.4, 2.6, 2.7, 2.7]
+    assert chooser.totals([known, None]) == chooser.totals([known, known])  # a new row counts as the mean
+    assert SizeChooser((2, 4, 8), start=3).start == 4  # a start that is no size: the middle one
+    with pytest.raises(ValueError, match="no drafted size"):
+        SizeChooser((1,))
+
+
+def test_expected_tokens_and_learning_that_ignores_padding_rows():
+    rng = np.random.default_rng(3)
+    policy = DevicePolicy(6, POLICY_BUCKETS, torch.device("cpu"))
+    assert policy.buckets == (2, 4, 8, 16, 32, 64)  # size 1 (AR) is the host's: nothing to select or learn
+    lp = -np.sort(-np.log(rng.dirichlet(np.full(12, 0.4), size=(2, 6))), axis=2)
+    pool = build_ddtree_device(torch.tensor([3, 5]), torch.tensor(lp), torch.tensor(rng.choice(60, (2, 6, 12))), 63)
+    candidates = Grafted(pool, policy.draft_conditional(pool), torch.zeros_like(pool.valid))
+    values = policy.path_values(candidates, 6)
+    expected = policy.expected_tokens(values)
+    for row in range(2):
+        ranked = sorted(values[row, 1:].tolist(), reverse=True)
+        want = [1 + sum(ranked[: size - 1]) for size in policy.buckets]
+        torch.testing.assert_close(expected[row], torch.tensor(want, dtype=torch.float64))
+    chosen = policy.select(candidates, values, 16)
+    choices = torch.where(torch.rand(2, 16, generator=torch.Generator().manual_seed(1)) < 0.5,
+                          chosen.tree.tokens.clamp(min=0), 0)
+    # Row 1 is padding: learning from both rows with it masked equals learning from row 0 alone.
+    masked = DevicePolicy(6, POLICY_BUCKETS, torch.device("cpu"))
+    masked.learn(chosen, choices, live=torch.tensor([True, False]))
+    alone = DevicePolicy(6, POLICY_BUCKETS, torch.device("cpu"))
+    alone.learn(Grafted(*(_row(t, 0) for t in (chosen.tree, chosen.cond, chosen.on_branch))), choices[:1])
+    for name in DevicePolicy.LEARNED:
+        assert torch.equal(getattr(masked, name), getattr(alone, name)), name
+    both = DevicePolicy(6, POLICY_BUCKETS, torch.device("cpu"))
+    both.learn(chosen, choices)
+    assert not torch.equal(both.trials, masked.trials)  # the mask changed something: the test can fail
+
+
+def _row(value, row: int):
+    from dataclasses import fields, replace
+
+    if isinstance(value, torch.Tensor):
+        return value[row : row + 1]
+    return replace(value, **{f.name: getattr(value, f.name)[row : row + 1] if f.name != "num_nodes"
+                             else value.num_nodes[row : row + 1] for f in fields(value)})
