@@ -252,6 +252,10 @@ class StaticDrafter:
         """Take over ``other``'s context K/V (a smaller capacity: growing the state keeps every row's context)."""
         self.kv[..., : other.kv.shape[4], :].copy_(other.kv)
 
+    def move_row(self, src: int, dst: int, used: int) -> None:
+        """Row ``dst`` takes row ``src``'s context (its first ``used`` slots: the committed tokens)."""
+        self.kv[:, :, dst, :, :used].copy_(self.kv[:, :, src, :, :used])
+
     def _write(self, layer: int, rows: slice, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         index = slots[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])
         self.kv[0, layer, rows].scatter_(2, index, k)

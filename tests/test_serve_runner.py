@@ -134,24 +134,29 @@ def test_rows_of_a_batch_are_independent(models, budget):
 
 
 def test_free_rows_below_busy_ones_are_packed(models):
-    """Three requests in rows 0-2; rows 0 and 1 finish: the third moves to row 0 and steps in bucket 1, its tokens
-    still its own greedy output."""
+    """Three requests in rows 0-2; rows 0 and 1 finish: the third moves to row 0 and steps in bucket 1. Its tokens and
+    its acceptance per step are those of its solo run (its cache and its drafter context moved with it)."""
     runner = GraphedRunner(models.spec(4), max_batch=4)
-    prompts = [models.encode(text) for text in ("ab", "cd", "the longest of them")]
+    prompts = [models.encode(text) for text in ("ab", "cd", "def add(a, b):")]
+    lengths = [6, 6, 60]
     for slot, prompt in enumerate(prompts):
-        runner.admit(slot, RowRequest(prompt, 6 if slot < 2 else 40, SamplingParams()))
+        runner.admit(slot, RowRequest(prompt, lengths[slot], SamplingParams()))
     got: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    counts: list[int] = []
     buckets = []
     while runner._row_of:
         for slot, result in runner.step().items():
             got[slot] += result.tokens
-            if len(got[slot]) >= (6 if slot < 2 else 40):
+            if slot == 2 and not result.is_prefill:
+                counts.append(len(result.tokens))
+            if len(got[slot]) >= lengths[slot]:
                 runner.release(slot)
         buckets.append(runner.decoder.bucket)
     assert runner.decoder.requests == {} and buckets[-1] == 1 and 4 in buckets, buckets
     for slot, prompt in enumerate(prompts):
-        n = 6 if slot < 2 else 40
-        assert got[slot][:n] == models.solo_ids(prompt, n)
+        assert got[slot][: lengths[slot]] == models.solo_ids(prompt, lengths[slot])
+    _, _, alone = run_alone(GraphedRunner(models.spec(4)), 0, RowRequest(prompts[2], 60, SamplingParams()))
+    assert counts == alone and max(counts) > 1
 
 
 @pytest.mark.parametrize("budget", [4, None])
