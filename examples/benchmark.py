@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=args.device)
         drafter = None
         if draft_dir is not None:
-            from tensorrt_llm_dflash.drafter import load_dflash_drafter
+            from tensorrt_llm_dflash.dflash2 import load_drafter  # DFlash or DFlash2, by its config
 
-            drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
+            drafter = load_drafter(draft_dir, dtype=dtype, device=args.device)
             bench.check_drafter_fits(drafter, model)
         prompt_ids = [bench.encode_prompt(tokenizer, p, not args.no_chat_template) for p in prompts]
         for ids in prompt_ids:

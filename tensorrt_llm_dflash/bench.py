@@ -570,11 +570,11 @@ def _describe_graphed(method: Method) -> str:
 
 
 def _dflash_proposer(ctx: BenchContext) -> Any:
-    from .proposer import DFlashProposer
+    from .dflash2 import proposer_for_target  # a DFlash or a DFlash2 drafter's proposer
 
     if ctx.drafter is None:
         raise BenchError("the dflash and ddtree methods need a drafter (--draft_model_dir)")
-    return DFlashProposer.for_target(ctx.drafter, ctx.model)
+    return proposer_for_target(ctx.drafter, ctx.model)
 
 
 _BUILTIN = {

@@ -799,3 +799,26 @@ def test_committed_benchmark_records_read():
     for path in files:
         records = bench.read_records(path)
         assert records and all(rows for rows in records.values()), path
+
+
+def test_cli_benchmarks_a_dflash2_drafter(tiny_pair, tmp_path, capsys):
+    """examples/benchmark.py loads a DFlash2 drafter directory (z-lab layout) like a DFlash one: the chain is
+    the selector's greedy chain, ddtree:B the DFlash2 tree, and every float64 output equals AR."""
+    import benchmark
+    from tiny_models import tiny_dflash2_drafter
+
+    from tensorrt_llm_dflash.dflash2.loader import save_dflash2_drafter
+
+    target, _ = tiny_pair
+    target_dir = save_tiny_target_dir(target, tmp_path / "target")
+    save_dflash2_drafter(tiny_dflash2_drafter(target, block_size=4, seed=1), tmp_path / "drafter",
+                         dtype=target.dtype)
+    data = write_lines(tmp_path, [json.dumps({"prompt": "w7 w9 w4 w7 w9 w4"}), json.dumps({"prompt": "w6 w8"})])
+    out = tmp_path / "out"
+    argv = ["--dataset", str(data), "--num_prompts", "2", "--max_output_len", "8", "--dtype", "float64",
+            "--target_model_dir", str(target_dir), "--draft_model_dir", str(tmp_path / "drafter"),
+            "--methods", "ar", "dflash", "ddtree:4", "--no_progress", "--no_warmup", "--output_dir", str(out)]
+    assert benchmark.main(argv) == 0, capsys.readouterr().err
+    doc = bench.read_results(out / "results.json")
+    assert doc["all_outputs_match"] is True and doc["output_reference"] == "ar"
+    assert all(m["new_tokens"] == 16 for m in doc["methods"].values())
