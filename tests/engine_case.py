@@ -80,9 +80,9 @@ def write_checkpoint(tmp: Path, arch: str, *, tp: int = 1, heads: int = 2, kv_he
 
 
 def build_argv(ckpt: Path, engine: Path, *, max_draft_len: int = MAX_DRAFT_LEN, kv_cache: str = "continuous",
-               workers: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+               workers: int = 1, max_batch_size: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
     return ["--checkpoint_dir", str(ckpt), "--output_dir", str(engine), "--speculative_decoding_mode", "dflash",
-            "--max_draft_len", str(max_draft_len), "--max_batch_size", "1", "--max_input_len", "32",
+            "--max_draft_len", str(max_draft_len), "--max_batch_size", str(max_batch_size), "--max_input_len", "32",
             "--max_seq_len", "96", "--kv_cache_type", kv_cache, "--remove_input_padding", "enable",
             "--workers", str(workers), *extra]
 

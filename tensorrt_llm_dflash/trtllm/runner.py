@@ -35,7 +35,19 @@ in-graph chain itself at T = 0), a sampled chain (T > 0, accepted by rejection s
 the selector's sparse distribution) or the DFlash2 tree, as it asks the PyTorch runtime's
 ``SelectorDraft``.
 
-Batch size 1 (as decode.py). Tensor parallelism: launch with ``mpirun -n N``; every
+Rows. ``DFlashEngineTarget(..., rows=R)`` holds R sequences (R <= the engine's
+``--max_batch_size``): one KV cache row (or block table) and one drafter context buffer row
+each, and their host state (:class:`EngineRow`). ``prefill_rows`` / ``verify_rows`` run one
+engine pass over a contiguous range of rows, each with its own prompt or tree, packed as
+TensorRT-LLM's own runtime packs a batch with ``remove_input_padding``
+(``runtime/generation.py``, ``GenerationSession._prepare_context_inputs`` /
+``_prepare_generation_inputs`` / ``_get_next_step_shape_buffer`` @ 2340c776: tokens
+concatenated, ``last_token_ids`` the cumulative lengths in the context phase and every token
+in a Medusa generation step, ``host_request_types`` 0 / 1 per request, ``sequence_length`` and
+``host_past_key_value_lengths`` per request); ``commit_row`` and ``move_row`` are per row.
+The ``TargetVerifier`` methods (``prefill``, ``verify``, ``commit``) are row 0 of that, so
+``decode.speculative_generate`` drives a one-row target as before; ``batch.EngineBatch``
+drives R rows in one step loop. Tensor parallelism: launch with ``mpirun -n N``; every
 rank runs the same deterministic loop on identical logits (the lm_head gathers its
 output), rank r uses GPU ``r % gpus_per_node``.
 
@@ -46,6 +58,8 @@ neither tensorrt nor tensorrt_llm.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,10 +115,10 @@ class EngineSelectorDraft(SelectorDraft):
         self.edges, self.root, self.chain_tokens = edges, int(root), chain_tokens
 
     @classmethod
-    def from_outputs(cls, outputs: dict[str, torch.Tensor], root: int) -> EngineSelectorDraft:
-        """Batch row 0 of a pass's ``dflash2_*`` outputs (engine dtype and device, not copied)."""
-        return cls(unary=outputs["dflash2_candidate_logits"][0], tokens=outputs["dflash2_candidates"][0].long(),
-                   edges=outputs["dflash2_edges"][0], root=root, chain_tokens=outputs["dflash2_draft_tokens"][0])
+    def from_outputs(cls, outputs: dict[str, torch.Tensor], root: int, row: int = 0) -> EngineSelectorDraft:
+        """Batch row ``row`` of a pass's ``dflash2_*`` outputs (engine dtype and device, not copied)."""
+        return cls(unary=outputs["dflash2_candidate_logits"][row], tokens=outputs["dflash2_candidates"][row].long(),
+                   edges=outputs["dflash2_edges"][row], root=root, chain_tokens=outputs["dflash2_draft_tokens"][row])
 
     def scores(self, depth: int, predecessor: int) -> torch.Tensor:
         """score_{depth+1}(. | predecessor) over the K candidates of that depth (0-based ``depth``)."""
@@ -133,20 +147,59 @@ class EngineSelectorDraft(SelectorDraft):
         return f"EngineSelectorDraft(depth={self.depth}, top_k={int(self.tokens.shape[1])}, root={self.root})"
 
 
-class DFlashEngineTarget:
-    """One DFlash engine (one TP rank) as a ``TargetVerifier``."""
+@dataclass
+class EngineRow:
+    """The host state of one engine row (one sequence): what a pass over the row reads and leaves."""
 
-    def __init__(self, engine_dir: str | Path, rank: int = 0, device: str | torch.device | None = None) -> None:
-        """``device``: where the engine's buffers live (default ``cuda:rank % gpus_per_node``)."""
+    #: Committed tokens in the target KV cache (the compaction of ``prev`` runs at the row's next pass).
+    past_len: int = 0
+    prompt_len: int = 0
+    #: Valid rows of the row's drafter context buffer.
+    context_len: int = 0
+    #: The previous step's host path: (accepted nodes, count, committed length before that tree).
+    prev: tuple[np.ndarray, int, int] = field(default_factory=lambda: (np.zeros(1, np.int32), 0, 0))
+    #: What the row's last pass drafted (DFlash: [B-1, V] block logits; DFlash2: an EngineSelectorDraft).
+    cached_draft: Any = None
+    cached_bonus: int | None = None
+    in_graph_path: list[int] | None = None
+    pending_walk: list[int] | None = None
+    #: Per verify pass: (in-graph accepted count, in-graph bonus, host accepted count, host bonus).
+    walk_log: list[tuple[int, int, int, int]] = field(default_factory=list)
+    mismatched_drafts: int = 0
+    #: The drafter context K/V of the row's tokens in its last pass, [Ld, 2, n, kv, d] (commit appends the path's).
+    token_kv: torch.Tensor | None = None
+    graph_accepted: int = 0
+    graph_bonus: int = 0
+
+
+def _row_property(name: str, doc: str) -> property:
+    """A ``TargetVerifier`` attribute of the one-row API: row 0's."""
+    return property(lambda self: getattr(self.row_state[0], name),
+                    lambda self, value: setattr(self.row_state[0], name, value), doc=doc)
+
+
+class DFlashEngineTarget:
+    """One DFlash engine (one TP rank) of ``rows`` sequences; row 0 is a ``TargetVerifier``."""
+
+    def __init__(self, engine_dir: str | Path, rank: int = 0, device: str | torch.device | None = None,
+                 rows: int = 1) -> None:
+        """``device``: where the engine's buffers live (default ``cuda:rank % gpus_per_node``); ``rows``: the
+        sequences it holds at once (KV cache and drafter context buffer each), at most its ``--max_batch_size``."""
         import tensorrt as trt
         import tensorrt_llm  # noqa: F401  (its import loads the TensorRT-LLM plugin library)
         from tensorrt_llm.runtime import Session
 
         from .plugins import load_plugin_library
 
-        load_plugin_library()  # DFlashTreeMask / DFlashKVCompact creators, before deserialising
         config = read_engine_config(engine_dir)
         self.pretrained, self.build = config["pretrained_config"], config["build_config"]
+        #: The engine's --max_batch_size: the most sequences one pass takes.
+        self.max_batch_size = int(self.build.get("max_batch_size", 1))
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= self.max_batch_size:
+            raise DFlashInputError(f"rows={rows!r} must be between 1 and the engine's max_batch_size="
+                                   f"{self.max_batch_size} (trtllm-build --max_batch_size)")
+        self.rows = rows
+        load_plugin_library()  # DFlashTreeMask / DFlashKVCompact creators, before deserialising
         mapping = self.pretrained["mapping"]
         gpus = int(mapping.get("gpus_per_node", 8))
         self.device = torch.device(device) if device is not None else torch.device("cuda", rank % gpus)
@@ -170,6 +223,9 @@ class DFlashEngineTarget:
         self.max_seq_len = int(self.build["max_seq_len"])
         #: Longest prompt one context pass takes (the engine's --max_input_len).
         self.max_prompt_len = int(self.build.get("max_input_len", self.max_seq_len))
+        #: Most packed tokens one pass takes (the engine's max_num_tokens): several prompts share a context pass
+        #: only as far as this allows.
+        self.max_num_tokens = int(self.build.get("max_num_tokens") or self.max_batch_size * self.max_seq_len)
         self.max_positions = min(int(self.pretrained["max_position_embeddings"]), self.max_seq_len - self.max_draft_len)
         self.num_layers = int(self.pretrained["num_hidden_layers"])
         self.kv_heads = max(int(self.pretrained["num_key_value_heads"]) // tp, 1)
@@ -179,14 +235,22 @@ class DFlashEngineTarget:
         self.draft_head_size = int(sub["head_size"])
         #: The DFlash2 settings of the drafter, None for DFlash (docs/trtllm_engine.md).
         self.dflash2: dict[str, Any] | None = sub.get("dflash2")
-        self.mismatched_drafts = 0
-        #: Per verify pass: (in-graph accepted count, in-graph bonus, host accepted count, host bonus).
-        self.walk_log: list[tuple[int, int, int, int]] = []
+        self.row_state = [EngineRow() for _ in range(rows)]
         self.ctx_gen_profiles = self._profile_split()
         self._check_kernel(tp)
         self._all_reduce = self._all_reduce_workspace(mapping, rank)
         self._allocate()
         self.reset()
+
+    # Row 0, for decode.speculative_generate and the policy's calibration (the one-row API).
+    past_len = _row_property("past_len", "Committed tokens of row 0.")
+    prompt_len = _row_property("prompt_len", "Prompt length of row 0.")
+    context_len = _row_property("context_len", "Valid drafter context rows of row 0.")
+    cached_draft = _row_property("cached_draft", "What row 0's last pass drafted.")
+    cached_bonus = _row_property("cached_bonus", "Row 0's in-graph bonus of its last pass.")
+    in_graph_path = _row_property("in_graph_path", "Row 0's last path when the in-graph walk took it, else None.")
+    walk_log = _row_property("walk_log", "Row 0's (in-graph count, in-graph bonus, host count, host bonus) per step.")
+    mismatched_drafts = _row_property("mismatched_drafts", "Row 0's drafts made after another root than the host's.")
 
     def _check_kernel(self, tp: int) -> None:
         """On a GPU, refuse before the first pass an engine whose tree verification has no
@@ -230,47 +294,64 @@ class DFlashEngineTarget:
         if self.paged:
             self._allocate_paged()
         else:
+            # runtime/generation.py allocates present_key_value_{i} as [batch, 2, kv_heads, max_seq_len, head_size].
             kv_dtype = self._dtype("past_key_value_0")
             self.kv_cache = [
-                torch.zeros(1, 2, self.kv_heads, self.max_seq_len, self.head_size, dtype=kv_dtype, device=self.device)
+                torch.zeros(self.rows, 2, self.kv_heads, self.max_seq_len, self.head_size, dtype=kv_dtype,
+                            device=self.device)
                 for _ in range(self.num_layers)
             ]
-        self.context_kv = torch.zeros(self.draft_layers, 2, 1, self.max_seq_len, self.draft_kv_heads,
+        self.context_kv = torch.zeros(self.draft_layers, 2, self.rows, self.max_seq_len, self.draft_kv_heads,
                                       self.draft_head_size, dtype=self._dtype("dflash_context_kv"), device=self.device)
 
     def _allocate_paged(self) -> None:
-        """The paged KV cache as TensorRT-LLM's KV cache manager lays it out for one sequence
+        """The paged KV cache as TensorRT-LLM's KV cache manager lays it out
         (cpp/tensorrt_llm/kernels/kvCacheUtils.h ``KVBlockArray``; batch_manager/kvCacheManager.cpp
         ``setOffsets``): one pool ``[blocks, layers, 2, kv_heads, tokens_per_block, head_size]``;
         ``host_kv_cache_pool_pointers`` = (pool address, 0), ``host_kv_cache_pool_mapping[l]`` =
         (pool 0, layer l), and block j's K / V entry in ``kv_cache_block_offsets`` =
-        ``(j * layers) * 2 + kv`` (the layer is added through the mapping)."""
+        ``(j * layers) * 2 + kv`` (the layer is added through the mapping). Row r owns blocks
+        ``r * per_row .. (r + 1) * per_row - 1``; its table is row r of ``kv_cache_block_offsets``
+        ``[1, rows, 2, per_row]`` (a move between rows swaps tables, no KV is copied)."""
         tokens_per_block = int(self.build["plugin_config"]["tokens_per_block"])
-        blocks = -(-self.max_seq_len // tokens_per_block)
+        per_row = -(-self.max_seq_len // tokens_per_block)
+        blocks = self.rows * per_row
         kv_dtype = self._dtype("dflash_context_kv")  # the engine dtype; the pool has no tensor of its own
         self.kv_pool = torch.zeros(blocks, self.num_layers, 2, self.kv_heads, tokens_per_block, self.head_size,
                                    dtype=kv_dtype, device=self.device)
-        entry = (np.arange(blocks, dtype=np.int64) * self.num_layers * 2)[None, :] + np.arange(2)[:, None]
-        offsets = torch.as_tensor(entry.astype(np.int32)).reshape(1, 1, 2, blocks)
+        entry = (np.arange(blocks, dtype=np.int64) * self.num_layers * 2)[None, :] + np.arange(2)[:, None]  # [2, blocks]
+        entry = entry.reshape(2, self.rows, per_row).transpose(1, 0, 2)  # [rows, 2, per_row]
+        offsets = torch.as_tensor(np.ascontiguousarray(entry).astype(np.int32)).reshape(1, self.rows, 2, per_row)
+        self._block_offsets = offsets.to(self.device)
+        self._host_block_offsets = offsets.clone()
         self._paged_tensors = {
-            "kv_cache_block_offsets": offsets.to(self.device),
-            "host_kv_cache_block_offsets": offsets.clone(),
             "host_kv_cache_pool_pointers": torch.tensor([[self.kv_pool.data_ptr(), 0]], dtype=torch.int64),
             "host_kv_cache_pool_mapping": torch.tensor([[0, layer] for layer in range(self.num_layers)],
                                                        dtype=torch.int32),
         }
 
     def reset(self) -> None:
-        self.past_len = 0
-        self.prompt_len = 0
-        self.context_len = 0
-        self._prev = (np.zeros(1, np.int32), 0, 0)  # (accepted nodes, count, past before that tree)
-        self._last: dict[str, torch.Tensor] = {}
-        self._last_tree: DraftTree | None = None
-        self.cached_draft: torch.Tensor | None = None
-        self.cached_bonus: int | None = None
-        self.in_graph_path: list[int] | None = None
-        self._pending_walk: list[int] | None = None
+        """Forget every row's sequence."""
+        for row in range(self.rows):
+            self.reset_row(row)
+
+    def reset_row(self, row: int) -> None:
+        self.row_state[row] = EngineRow()
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row ``src``'s sequence continues in row ``dst`` (whatever ``dst`` held is dropped; ``src`` is free
+        after). Continuous KV: the cache row is copied whole (a compaction may still be pending past the
+        committed length); paged: the two rows' block tables are swapped. The drafter context row is copied."""
+        if src == dst:
+            return
+        if self.paged:
+            for table in (self._block_offsets, self._host_block_offsets):
+                table[:, [src, dst]] = table[:, [dst, src]]
+        else:
+            for layer in self.kv_cache:
+                layer[dst].copy_(layer[src])
+        self.context_kv[:, :, dst].copy_(self.context_kv[:, :, src])
+        self.row_state[dst], self.row_state[src] = self.row_state[src], EngineRow()
 
     def synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -284,65 +365,95 @@ class DFlashEngineTarget:
         t = torch.as_tensor(np.asarray(values, dtype=np.int32))
         return t if host else t.to(self.device)
 
-    def _standard_inputs(self, ids: np.ndarray, positions: np.ndarray, is_context: bool,
-                         last_token_ids: np.ndarray) -> dict[str, torch.Tensor]:
+    def _rows(self, rows: Sequence[int], count: int) -> range:
+        """``rows`` as a range: one pass covers consecutive rows (a continuous KV cache is bound as the slice
+        of its batch dimension, and TensorRT reads a binding as one contiguous buffer)."""
+        rows = list(rows)
+        if not rows or rows != list(range(rows[0], rows[0] + len(rows))) or rows[0] < 0 or rows[-1] >= self.rows:
+            raise DFlashInputError(f"a pass runs on consecutive rows of 0..{self.rows - 1}, got {rows}")
+        if len(rows) != count:
+            raise DFlashInputError(f"{len(rows)} rows but {count} prompts or trees")
+        return range(rows[0], rows[-1] + 1)
+
+    def _standard_inputs(self, rows: range, ids: np.ndarray, positions: np.ndarray, is_context: bool,
+                         last_token_ids: np.ndarray, new_tokens: list[int]) -> dict[str, torch.Tensor]:
         """Inputs of TensorRT-LLM's own prepare_inputs (packed tokens, gpt attention plugin,
-        continuous or paged KV cache)."""
-        n = int(ids.shape[0])
-        seq = self.past_len + n
+        continuous or paged KV cache) for the consecutive ``rows``, ``new_tokens[j]`` packed tokens each."""
+        states = [self.row_state[r] for r in rows]
+        b = len(states)
+        past = [s.past_len for s in states]
         tensors = {
             "input_ids": self._i32(ids),
             "position_ids": self._i32(positions),
             "last_token_ids": self._i32(last_token_ids),
-            "sequence_length": self._i32([seq]),
-            "context_lengths": self._i32([self.prompt_len]),
-            "host_context_lengths": self._i32([n if is_context else self.prompt_len], host=True),
-            "host_request_types": self._i32([0 if is_context else 1], host=True),
-            "host_past_key_value_lengths": self._i32([self.past_len], host=True),
+            "sequence_length": self._i32([p + n for p, n in zip(past, new_tokens)]),
+            "context_lengths": self._i32([s.prompt_len for s in states]),
+            "host_context_lengths": self._i32(new_tokens if is_context else [s.prompt_len for s in states], host=True),
+            "host_request_types": self._i32([0 if is_context else 1] * b, host=True),
+            "host_past_key_value_lengths": self._i32(past, host=True),
             "host_max_attention_window_sizes": self._i32([self.max_seq_len] * self.num_layers, host=True),
             "host_sink_token_length": self._i32([0], host=True),
-            "cache_indirection": torch.zeros(1, 1, self.max_seq_len, dtype=torch.int32, device=self.device),
+            "cache_indirection": torch.zeros(b, 1, self.max_seq_len, dtype=torch.int32, device=self.device),
             "host_runtime_perf_knobs": torch.full((16,), -1, dtype=torch.int64),
             "host_context_progress": torch.zeros(1, dtype=torch.int64),
         }
         if self._all_reduce is not None:
             tensors["all_reduce_workspace"] = self._all_reduce[1]
-        tensors.update(self._paged_tensors)
+        if self.paged:
+            tensors.update(self._paged_tensors)
+            tensors["kv_cache_block_offsets"] = self._block_offsets[:, rows.start : rows.stop]
+            tensors["host_kv_cache_block_offsets"] = self._host_block_offsets[:, rows.start : rows.stop]
         for i, layer in enumerate(self.kv_cache):
-            tensors[f"past_key_value_{i}"] = layer
-            tensors[f"present_key_value_{i}"] = layer  # in place
+            rows_of_layer = layer[rows.start : rows.stop]  # a contiguous slice of the batch dimension
+            tensors[f"past_key_value_{i}"] = rows_of_layer
+            tensors[f"present_key_value_{i}"] = rows_of_layer  # in place
         return tensors
 
-    def _dflash_inputs(self, tree: DraftTree | None, n: int) -> dict[str, torch.Tensor]:
-        nodes, count, prev_past = self._prev
-        path_len = self.block_size
-        prev = np.zeros((1, path_len), np.int32)
-        prev[0, : len(nodes)] = nodes
-        if tree is None:  # context pass: the prompt is accepted whole; a one-node dummy tree
-            parents, gen_len = np.array([[-1]], np.int32), np.array([1], np.int32)
-            logits_index = np.zeros((1, n), np.int32)
+    def _dflash_inputs(self, rows: range, trees: Sequence[DraftTree] | None,
+                       new_tokens: list[int]) -> dict[str, torch.Tensor]:
+        states = [self.row_state[r] for r in rows]
+        b, width = len(states), max(new_tokens)
+        starts = np.concatenate([[0], np.cumsum(new_tokens)[:-1]]).astype(np.int32)  # each row's first packed token
+        # Node i of row j is packed token starts[j] + i; the columns past a row's length repeat its last token
+        # (valid rows of every packed tensor, masked by dflash_num_nodes in the graph).
+        columns = np.minimum(np.arange(width)[None, :], np.asarray(new_tokens)[:, None] - 1)
+        node_index = (starts[:, None] + columns).astype(np.int32)
+        prev = np.zeros((b, self.block_size), np.int32)
+        for j, state in enumerate(states):
+            nodes = state.prev[0]
+            prev[j, : len(nodes)] = nodes
+        if trees is None:  # context pass: each prompt is accepted whole; a one-node dummy tree
+            parents, gen_len = np.full((b, 1), -1, np.int32), np.ones(b, np.int32)
+            logits_index = np.repeat(np.arange(b, dtype=np.int32)[:, None], width, axis=1)  # the row's last token
         else:
-            parents, gen_len = tree.parents[None].astype(np.int32), np.array([n], np.int32)
-            logits_index = np.arange(n, dtype=np.int32)[None]
+            parents = np.zeros((b, width), np.int32)
+            for j, tree in enumerate(trees):
+                parents[j, : tree.num_nodes] = tree.parents
+            gen_len = np.asarray(new_tokens, np.int32)
+            logits_index = node_index  # a verify pass returns every token's logits
         packed, offsets, lengths = batched_tree_inputs(parents, gen_len, self.max_draft_len + 1)
+        # The drafter context rows the pass can read: the longest valid prefix among its rows (a copy unless the
+        # pass covers every row and every column; the drafter's attention reads as much).
+        used = max(1, max(s.context_len for s in states))
+        context = self.context_kv[:, :, rows.start : rows.stop, :used]
         return {
             "dflash_tree_parents": self._i32(parents),
-            "dflash_node_index": self._i32(np.arange(n, dtype=np.int32)[None]),
+            "dflash_node_index": self._i32(node_index),
             "dflash_logits_index": self._i32(logits_index),
-            "dflash_num_nodes": self._i32([n]),
-            "dflash_is_context": self._i32([1 if tree is None else 0]),
-            "dflash_context_kv": self.context_kv,
-            "dflash_context_lengths": self._i32([self.context_len]),
+            "dflash_num_nodes": self._i32(new_tokens),
+            "dflash_is_context": self._i32([1 if trees is None else 0] * b),
+            "dflash_context_kv": context if context.is_contiguous() else context.contiguous(),
+            "dflash_context_lengths": self._i32([s.context_len for s in states]),
             "dflash_prev_accepted_nodes": self._i32(prev),
-            "dflash_prev_num_accepted": self._i32([count]),
-            "dflash_prev_past_lengths": self._i32([prev_past]),
+            "dflash_prev_num_accepted": self._i32([s.prev[1] for s in states]),
+            "dflash_prev_past_lengths": self._i32([s.prev[2] for s in states]),
             # Declared by TensorRT-LLM's prepare_inputs for Medusa; the engine builds the
             # tensors the attention reads from dflash_tree_parents with DFlashTreeMask. These
             # host copies follow the same layout (tree.batched_tree_inputs).
             "spec_decoding_generation_lengths": self._i32(lengths),
             "spec_decoding_position_offsets": self._i32(offsets),
             "spec_decoding_packed_mask": self._i32(packed),
-            "spec_decoding_use": self._i32([0 if tree is None else 1], host=True),
+            "spec_decoding_use": self._i32([0 if trees is None else 1], host=True),
         }
 
     def _profile_split(self) -> bool:
@@ -400,6 +511,8 @@ class DFlashEngineTarget:
         profile = self._select_profile(is_context, int(inputs["input_ids"].shape[0]))
         bound = {n: inputs[n] for n in self.input_names}
         for name, tensor in bound.items():
+            if not tensor.is_contiguous():  # TensorRT reads a binding as one dense buffer from its address
+                raise RuntimeError(f"engine input {name!r} is not contiguous")
             if not self.context.set_input_shape(name, tuple(tensor.shape)):
                 lo, _, hi = self.engine.get_tensor_profile_shape(name, profile)
                 raise DFlashInputError(
@@ -421,34 +534,47 @@ class DFlashEngineTarget:
         self.synchronize()
         return outputs
 
-    def _after_pass(self, outputs: dict[str, torch.Tensor]) -> None:
-        self._last = outputs
-        self.cached_bonus = int(outputs["dflash_bonus"][0])
-        if self.dflash2 is not None:  # the selector's tables (model.py, _selector)
-            self.cached_draft = EngineSelectorDraft.from_outputs(outputs, self.cached_bonus)
-        else:  # medusa_logits [B-1, batch, vocab_padded] -> [B-1, vocab]
-            self.cached_draft = outputs["medusa_logits"][:, 0, : self.vocab_size].float()
+    def _after_pass(self, rows: range, outputs: dict[str, torch.Tensor], new_tokens: list[int]) -> None:
+        start = 0
+        for j, row in enumerate(rows):
+            state = self.row_state[row]
+            n = new_tokens[j]
+            state.cached_bonus = int(outputs["dflash_bonus"][j])
+            state.graph_bonus, state.graph_accepted = state.cached_bonus, int(outputs["dflash_num_accepted"][j])
+            state.token_kv = outputs["dflash_token_context_kv"][:, :, start : start + n]
+            if self.dflash2 is not None:  # the selector's tables (model.py, _selector)
+                state.cached_draft = EngineSelectorDraft.from_outputs(outputs, state.cached_bonus, j)
+            else:  # medusa_logits [B-1, batch, vocab_padded] -> [B-1, vocab]
+                state.cached_draft = outputs["medusa_logits"][:, j, : self.vocab_size].float()
+            start += n
 
-    # ------------------------------------------------------------ TargetVerifier
     @torch.inference_mode()
-    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        self.reset()
-        n = len(prompt_ids)
-        if n + self.max_draft_len + 1 > self.max_seq_len:
-            raise DFlashInputError(f"prompt length {n} does not fit the engine's max_seq_len={self.max_seq_len}")
-        self.prompt_len = n
-        inputs = self._standard_inputs(np.asarray(prompt_ids), np.arange(n), True, np.array([n]))
-        inputs.update(self._dflash_inputs(None, n))
+    def prefill_rows(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """One context pass: row ``rows[j]`` (consecutive rows) starts over with ``prompts[j]``. Returns each
+        row's last-position logits [V]; each row's first draft is cached (``take_draft``)."""
+        rows = self._rows(rows, len(prompts))
+        lengths = [len(p) for p in prompts]
+        for n in lengths:
+            if n + self.max_draft_len + 1 > self.max_seq_len:
+                raise DFlashInputError(f"prompt length {n} does not fit the engine's max_seq_len={self.max_seq_len}")
+        for row, n in zip(rows, lengths):
+            self.reset_row(row)
+            self.row_state[row].prompt_len = n
+        ids = np.concatenate([np.asarray(p, dtype=np.int64) for p in prompts])
+        positions = np.concatenate([np.arange(n) for n in lengths])
+        inputs = self._standard_inputs(rows, ids, positions, True, np.cumsum(lengths), lengths)
+        inputs.update(self._dflash_inputs(rows, None, lengths))
         outputs = self._run(inputs, is_context=True)
-        self.past_len = n
-        # The prompt's drafter context K/V go to the buffer right away (all of it is committed).
-        self.context_kv[:, :, 0, :n] = outputs["dflash_token_context_kv"][:, :, :n]
-        self.context_len = n
-        self._after_pass(outputs)
-        self.in_graph_path = None
-        return outputs["logits"][0, : self.vocab_size].float(), None
+        self._after_pass(rows, outputs, lengths)
+        for row, n in zip(rows, lengths):
+            state = self.row_state[row]
+            state.past_len = n
+            # The prompt's drafter context K/V go to the buffer right away (all of it is committed).
+            self.context_kv[:, :, row, :n] = state.token_kv
+            state.context_len = n
+        return [outputs["logits"][j, : self.vocab_size].float() for j in range(len(rows))]
 
-    def compile_tree(self, tree: DraftTree) -> DraftTree:
+    def check_tree(self, tree: DraftTree) -> DraftTree:
         if tree.num_nodes > self.max_draft_len + 1:
             raise DFlashInputError(
                 f"a tree of {tree.num_nodes} nodes exceeds the engine's max_draft_len + 1 = {self.max_draft_len + 1}; "
@@ -457,43 +583,72 @@ class DFlashEngineTarget:
         return tree
 
     @torch.inference_mode()
-    def verify(self, compiled: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
-        tree = compiled
-        n = tree.num_nodes
-        inputs = self._standard_inputs(tree.tokens, self.past_len + tree.depths, False, np.arange(1, n + 1))
-        inputs.update(self._dflash_inputs(tree, n))
+    def verify_rows(self, rows: Sequence[int], trees: Sequence[DraftTree]) -> list[torch.Tensor]:
+        """One generation pass: row ``rows[j]`` verifies ``trees[j]`` (consecutive rows, trees of any sizes).
+        Returns each row's node logits [N_j, V]; each row's next draft is cached (``take_draft``)."""
+        rows = self._rows(rows, len(trees))
+        for tree in trees:
+            self.check_tree(tree)
+        sizes = [tree.num_nodes for tree in trees]
+        ids = np.concatenate([tree.tokens for tree in trees])
+        positions = np.concatenate([self.row_state[row].past_len + tree.depths for row, tree in zip(rows, trees)])
+        inputs = self._standard_inputs(rows, ids, positions, False, np.arange(1, sum(sizes) + 1), sizes)
+        inputs.update(self._dflash_inputs(rows, trees, sizes))
         outputs = self._run(inputs, is_context=False)
-        # The KV compaction of the previous path ran at the start of this pass.
-        self._prev = (np.zeros(1, np.int32), 0, self.past_len)
-        self._last_tree = tree
-        self._after_pass(outputs)
-        return outputs["logits"][:n, : self.vocab_size].float(), None
+        for row in rows:  # the KV compaction of the previous path ran at the start of this pass
+            state = self.row_state[row]
+            state.prev = (np.zeros(1, np.int32), 0, state.past_len)
+        self._after_pass(rows, outputs, sizes)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        return [outputs["logits"][starts[j] : starts[j + 1], : self.vocab_size].float() for j in range(len(rows))]
 
     @torch.inference_mode()
-    def commit(self, accepted_nodes: list[int]) -> None:
+    def commit_row(self, row: int, accepted_nodes: list[int]) -> None:
+        """Row ``row`` keeps ``accepted_nodes`` (root first) of the tree it verified last."""
+        state = self.row_state[row]
         kept = len(accepted_nodes)
         index = torch.as_tensor(accepted_nodes, device=self.device)
-        rows = self._last["dflash_token_context_kv"].index_select(2, index)  # [Ld, 2, kept, kv, d]
-        self.context_kv[:, :, 0, self.context_len : self.context_len + kept] = rows
-        self.context_len += kept
-        # Target KV: compacted in-graph by the next pass (dflash_prev_*), from this host path.
-        self._prev = (np.asarray(accepted_nodes, np.int32), kept, self.past_len)
-        self.in_graph_path = accepted_nodes
-        num_in_graph = int(self._last["dflash_num_accepted"][0])
-        if num_in_graph != kept:
-            self.in_graph_path = None  # the in-graph walk took another path
-        # The host's bonus is known at the next propose(); the entry is completed there.
-        self._pending_walk = [num_in_graph, int(self._last["dflash_bonus"][0]), kept]
-        self.past_len += kept
+        path_kv = state.token_kv.index_select(2, index)  # [Ld, 2, kept, kv, d]
+        self.context_kv[:, :, row, state.context_len : state.context_len + kept] = path_kv
+        state.context_len += kept
+        # Target KV: compacted in-graph by the row's next pass (dflash_prev_*), from this host path.
+        state.prev = (np.asarray(accepted_nodes, np.int32), kept, state.past_len)
+        # The in-graph walk took this path when it accepted as many nodes (both walks follow the same parents).
+        state.in_graph_path = accepted_nodes if state.graph_accepted == kept else None
+        # The host's bonus is known at the next take_draft(); the entry is completed there.
+        state.pending_walk = [state.graph_accepted, state.graph_bonus, kept]
+        state.past_len += kept
 
-    def record_host_bonus(self, bonus: int) -> None:
-        if self._pending_walk is not None:
-            self.walk_log.append((*self._pending_walk, int(bonus)))
-            self._pending_walk = None
+    def take_draft(self, row: int, root_token: int) -> torch.Tensor | EngineSelectorDraft:
+        """The draft row ``row``'s last pass made, for the step after ``root_token`` (the host's bonus)."""
+        state = self.row_state[row]
+        if state.cached_draft is None:
+            raise DFlashInputError("propose() before prefill(): the engine drafts during target passes")
+        if state.pending_walk is not None:
+            state.walk_log.append((*state.pending_walk, int(root_token)))
+            state.pending_walk = None
+        if root_token != state.cached_bonus:
+            # Drafted after the in-graph greedy bonus, not the host's token (T > 0 or a tie):
+            # still a valid proposal, verification keeps the output exact.
+            state.mismatched_drafts += 1
+        return state.cached_draft
+
+    # ------------------------------------------------------- TargetVerifier (row 0)
+    def prefill(self, prompt_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.prefill_rows([0], [prompt_ids])[0], None
+
+    def compile_tree(self, tree: DraftTree) -> DraftTree:
+        return self.check_tree(tree)
+
+    def verify(self, compiled: DraftTree) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.verify_rows([0], [compiled])[0], None
+
+    def commit(self, accepted_nodes: list[int]) -> None:
+        self.commit_row(0, accepted_nodes)
 
 
 class EngineProposer:
-    """``DraftProposer`` whose drafts come from the engine's previous pass (``medusa_logits``)."""
+    """``DraftProposer`` whose drafts come from the engine's previous pass (``medusa_logits``), row 0."""
 
     def __init__(self, target: DFlashEngineTarget) -> None:
         self.target = target
@@ -510,19 +665,24 @@ class EngineProposer:
         self.target.walk_log = []
 
     def propose(self, root_token: int, new_context: torch.Tensor | None) -> torch.Tensor | EngineSelectorDraft:
-        target = self.target
-        if target.cached_draft is None:
-            raise DFlashInputError("propose() before prefill(): the engine drafts during target passes")
-        target.record_host_bonus(root_token)
-        if root_token != target.cached_bonus:
-            # Drafted after the in-graph greedy bonus, not the host's token (T > 0 or a tie):
-            # still a valid proposal, verification keeps the output exact.
-            target.mismatched_drafts += 1
-        return target.cached_draft
+        return self.target.take_draft(0, root_token)
 
 
-def build_trt_runtime(args: Any) -> tuple[DFlashEngineTarget, EngineProposer, Any, list[int], int]:
-    """(verifier, proposer, tokenizer, stop ids, default DDTree budget) for examples/run.py.
+def batch_rows(args: Any) -> int:
+    """Rows examples/run.py decodes together on the engine: one per ``--input_text`` prompt, up to the engine's
+    ``--max_batch_size``; 1 (one prompt at a time, as before) for the cost-aware tree (a DFlash engine with no
+    ``--ddtree_budget``: it prices a one-row step) and with ``--streaming`` (one prompt's text at a time)."""
+    config = read_engine_config(args.engine_dir)
+    cost_aware = args.ddtree_budget is None and config["pretrained_config"]["dflash"].get("dflash2") is None
+    if cost_aware or getattr(args, "streaming", False):
+        return 1
+    prompts = len(getattr(args, "input_text", None) or [])
+    return max(1, min(int(config["build_config"].get("max_batch_size", 1)), prompts))
+
+
+def build_trt_runtime(args: Any, rows: int = 1) -> tuple[DFlashEngineTarget, EngineProposer, Any, list[int], int]:
+    """(verifier, proposer, tokenizer, stop ids, default DDTree budget) for examples/run.py; the verifier holds
+    ``rows`` sequences (``batch_rows``), the proposer drafts for row 0.
 
     The arguments are checked against the engine's config.json before the engine is loaded."""
     if not args.engine_dir:
@@ -540,7 +700,7 @@ def build_trt_runtime(args: Any) -> tuple[DFlashEngineTarget, EngineProposer, An
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
-    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None))
+    target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None), rows=rows)
     stops: list[int] = []
     eos = getattr(tokenizer, "eos_token_id", None)
     if eos is not None:
