@@ -201,10 +201,11 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(args.threads)
         sampling = SamplingParams(args.temperature, args.top_p, args.top_k, seed=args.random_seed)
         if args.backend == "trt":
-            from tensorrt_llm_dflash.trtllm.runner import build_trt_runtime, read_engine_config
+            from tensorrt_llm_dflash.trtllm.runner import batch_rows, build_trt_runtime, read_engine_config
 
             dtype = str(read_engine_config(args.engine_dir)["pretrained_config"].get("dtype", args.dtype))
-            verifier, proposer, tokenizer, stops, default_budget = build_trt_runtime(args)
+            # Several prompts share the engine's step loop when its --max_batch_size allows (trtllm/batch.py).
+            verifier, proposer, tokenizer, stops, default_budget = build_trt_runtime(args, rows=batch_rows(args))
         elif args.draft_type == "lora_inject":
             from tensorrt_llm_dflash.lora_inject import build_run_pytorch
 
@@ -247,6 +248,13 @@ def main(argv: list[str] | None = None) -> int:
             check_prompt_fits(len(ids), args.max_output_len, int(getattr(verifier, "max_positions", 1 << 30)),
                               text)
         results.write("running")
+        batched = None
+        if args.backend == "trt" and verifier.rows > 1:  # the engine's rows: one step loop, results in prompt order
+            from tensorrt_llm_dflash.trtllm.batch import run_prompts
+
+            print(f"running {len(prompts)} prompts {verifier.rows} at a time in one step loop (the engine's "
+                  f"max_batch_size is {verifier.max_batch_size})", file=sys.stderr)
+            batched = run_prompts(verifier, budget, prompts, args.max_output_len, sampling, stops)
         for text, prompt in zip(args.input_text, prompts):
             stream = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
 
@@ -256,11 +264,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.streaming:
                 print(f"\n[{mode}] {text!r}\n", flush=True)
             t0 = time.perf_counter()
-            result = generate(
-                verifier, proposer, prompt, args.max_output_len, sampling, stops, budget,
-                on_tokens=on_tokens if args.streaming else None, policy=policy,
-            )
-            elapsed = time.perf_counter() - t0
+            if batched is not None:
+                result = next(batched)
+                elapsed = result.stats.total_seconds  # from its prefill to its last token
+            else:
+                result = generate(
+                    verifier, proposer, prompt, args.max_output_len, sampling, stops, budget,
+                    on_tokens=on_tokens if args.streaming else None, policy=policy,
+                )
+                elapsed = time.perf_counter() - t0
             if policy is not None:
                 policy.save_calibration()  # after every prompt: the next run (or an interrupted one) keeps it
             text_out = tokenizer.decode(result.output_ids, skip_special_tokens=True)

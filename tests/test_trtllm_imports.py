@@ -2,7 +2,7 @@
 
 A subprocess marks ``tensorrt`` and ``tensorrt_llm`` as absent (``sys.modules[name] =
 None``, so the test means the same on a machine where they are installed), imports the package, the TensorRT-LLM integration
-modules that must stay import-free (weight, build, runner, plugins), converts nothing,
+modules that must stay import-free (weight, build, runner, batch, serve_runner, plugins), converts nothing,
 and runs a tiny PyTorch DFlash generation end to end.
 """
 
@@ -33,6 +33,8 @@ SCRIPT = textwrap.dedent(
     import tensorrt_llm_dflash.trtllm.weight
     import tensorrt_llm_dflash.trtllm.build
     import tensorrt_llm_dflash.trtllm.runner
+    import tensorrt_llm_dflash.trtllm.batch
+    import tensorrt_llm_dflash.trtllm.serve_runner
     import tensorrt_llm_dflash.trtllm.plugins
     for eager in ("tensorrt_llm_dflash.trtllm.config", "tensorrt_llm_dflash.trtllm.model"):
         try:
