@@ -83,7 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--dtype", choices=DTYPES, default="float32")
     server.add_argument("--device", type=cli.device, default=None)
     server.add_argument("--threads", type=cli.threads, default=None, help="the server's torch CPU threads")
-    server.add_argument("--max_batch_size", type=cli.integer(1, 256), default=1)
+    server.add_argument("--max_batch_size", type=cli.integer(1, 256), default=None,
+                        help="rows each server decodes together (default: the largest --concurrency, so that every "
+                             "client of every level has a row)")
     server.add_argument("--server_timeout", type=cli.integer(1), default=DEFAULT_SERVER_TIMEOUT,
                         help="seconds to wait for a server to be ready")
     ap.add_argument("--no_warmup", action="store_true", help="no untimed request before the first level")
@@ -297,7 +299,8 @@ def summarize_level(wall: float, results: list[RequestResult]) -> dict[str, Any]
 
 def server_flags(args: argparse.Namespace, method: str) -> list[str]:
     """The server's command-line flags for ``method``; the queue holds every client of the largest level."""
-    flags = ["--dtype", args.dtype, "--max_batch_size", str(args.max_batch_size),
+    rows = args.max_batch_size or max(args.concurrency)
+    flags = ["--dtype", args.dtype, "--max_batch_size", str(rows),
              "--max_queue", str(max(args.concurrency))]
     names = ["target_model_dir", "device", "threads"] + ([] if method == "ar" else ["draft_model_dir"])
     for name in names:

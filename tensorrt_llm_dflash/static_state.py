@@ -126,12 +126,13 @@ def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 class StaticTarget:
     """A transformers causal LM over a :class:`RowSlotCache` of fixed capacity.
 
-    ``forward`` takes a padded tree (ids, depths and ancestor visibility, all fixed-shape device
-    tensors) and the committed lengths ``past`` [B]; it writes the tree's K/V at slots
-    ``past + i``, attends through a 4-D mask (every committed slot, plus the node's ancestors and
-    itself; sliding-window layers also apply their window on positions ``past + depth``), and
-    returns the logits and the target features (hidden states of ``layer_ids``, HF's convention:
-    id k is the output of decoder layer k, the last one after the final norm).
+    ``verify`` takes a padded tree per row of the first ``b`` rows (ids, depths and ancestor
+    visibility, all fixed-shape device tensors) and their committed lengths ``past`` [b]; it writes
+    the tree's K/V at slots ``past + i``, attends through a 4-D mask over the first ``window`` slots
+    (every committed slot, plus the node's ancestors and itself; sliding-window layers also apply
+    their window on positions ``past + depth``), and returns the logits and the target features
+    (hidden states of ``layer_ids``, HF's convention: id k is the output of decoder layer k, the
+    last one after the final norm). ``prefill`` fills one row (or the first ``b``) from slot 0.
     """
 
     def __init__(self, model: Any, layer_ids: list[int] | None, capacity: int, batch: int = 1) -> None:
