@@ -18,6 +18,7 @@ import torch
 from tiny_dirs import save_tiny_target_dir
 from tiny_models import hf_greedy, tiny_drafter
 
+from tensorrt_llm_dflash.compat import chat_token_ids
 from tensorrt_llm_dflash.serve import __main__ as serve_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +115,7 @@ def test_the_command_serves_model_directories_and_stops_on_sigint(model_dirs):
         messages = [{"role": "user", "content": "Add two numbers."}]
         response = client.chat.completions.create(model="target", messages=messages, max_tokens=24, temperature=0)
         model, tokenizer = load_target(target_dir, dtype=torch.float32)
-        ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        ids = chat_token_ids(tokenizer, messages)
         eos = model.generation_config.eos_token_id
         expected = hf_greedy(model, ids, 24, eos_token_id=eos)
         assert response.choices[0].message.content == tokenizer.decode(expected, skip_special_tokens=True)
