@@ -47,6 +47,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .decode import STAGES, GenerationResult, GenerationStats, OutputStream, _single_prompt
@@ -62,7 +63,7 @@ from .device_tree import (
 )
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
-from .policy import PolicyConfig
+from .policy import PolicyConfig, _pool_adjacent_violators
 from .sampling import SamplingParams
 from .static_state import StaticDrafter, StaticTarget
 from .target import check_prompt_fits, max_positions
@@ -79,6 +80,8 @@ CAPACITY_STEP = 256
 SAMPLING_KINDS = ("greedy", "sampled", "filtered")
 #: Seconds of timed steps after which a cost measurement stops repeating (one warm-up step, then at least one).
 TIMING_SECONDS = 1.0
+#: Weight of each observed step time in the running estimate of its shape's cost.
+COST_EMA = 0.2
 #: Fixed-point scale of the expected-token estimates in the step's integer output.
 EXPECTED_SCALE = 1 << 20
 
@@ -625,8 +628,20 @@ class GraphedDecoder:
                                            f"{self.sizes()}")
                 self._costs[key] = list(self.policy_costs)
             else:
-                self._costs[key] = [self._time_step(bucket, size) for size in self.sizes()]
+                # A bigger tree never costs less: timing noise (a busy machine) is pooled away, as CostModel does.
+                timed = np.asarray([self._time_step(bucket, size) for size in self.sizes()])
+                self._costs[key] = _pool_adjacent_violators(timed, np.ones(len(timed))).tolist()
         return self._costs[key]
+
+    def _observe_cost(self, bucket: int, seconds: float) -> None:
+        """Refine the measured cost of the step shape that just ran from its wall time (launch to copy), an
+        exponential average as the eager policy's CostModel keeps: the start-up curve was timed on throwaway state
+        at one window, on a machine that may have been busy then. Given costs stay as given."""
+        costs = self._costs.get((self.kind, bucket))
+        if self.policy is None or self.policy_costs is not None or costs is None:
+            return
+        i = self.sizes().index(self.nodes)
+        costs[i] = (1.0 - COST_EMA) * costs[i] + COST_EMA * seconds
 
     # Inference mode: a step that grew the capacity allocated the state under it, and inference tensors take
     # in-place updates (warm-up, timing) only inside it.
@@ -654,8 +669,9 @@ class GraphedDecoder:
 
     @torch.inference_mode()
     def _time_step(self, bucket: int, size: int, repeats: int = 5) -> float:
-        """Median seconds of one step of ``bucket`` rows and ``size`` nodes (graph replay on CUDA), throwaway state;
-        fewer repeats once they add up to ``TIMING_SECONDS`` (a big batch on a CPU: start-up stays short)."""
+        """Fastest of a few steps of ``bucket`` rows and ``size`` nodes (graph replay on CUDA), on throwaway state;
+        fewer repeats (at least two) once they add up to ``TIMING_SECONDS`` (a big batch on a CPU: start-up stays
+        short)."""
         samples: list[float] = []
         with self._shape(bucket, size, self.window, self.kind), self._scratch() as reset:
             for rep in range(repeats + 1):
@@ -666,9 +682,9 @@ class GraphedDecoder:
                 self.synchronize()
                 if rep:
                     samples.append(time.perf_counter() - start)
-                    if sum(samples) >= TIMING_SECONDS:
+                    if len(samples) >= 2 and sum(samples) >= TIMING_SECONDS:
                         break
-        return sorted(samples)[len(samples) // 2]
+        return min(samples)  # other work on the machine only ever adds time
 
     @torch.inference_mode()
     def time_stages(self, size: int, repeats: int = 5, bucket: int = 1) -> dict[str, float]:
@@ -763,9 +779,12 @@ class GraphedDecoder:
         if not stepping:
             return {}
         self._plan(stepping)
-        nodes = self.nodes
+        nodes, bucket, captured = self.nodes, self.bucket, self.capture_seconds
+        start = time.perf_counter()
         self._run_step(stage_seconds)
         out = self._copy_out()
+        if self.capture_seconds == captured:  # a step that captured its graphs first says nothing about its cost
+            self._observe_cost(bucket, time.perf_counter() - start)
         self._collect_stage_times()
         results = {}
         width = self.path_width

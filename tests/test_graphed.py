@@ -426,6 +426,7 @@ def test_step_costs_are_timed_per_sampling_setting(monkeypatch):
         return size * (2e-3 if decoder.kind != "greedy" else 1e-3)
 
     monkeypatch.setattr(decoder, "_time_step", fake_time_step)
+    monkeypatch.setattr(decoder, "_observe_cost", lambda bucket, seconds: None)  # the curves stay as timed
     prompt = [4, 8, 15, 16, 23]
     decoder.generate(prompt, 8)
     assert timed == [(2, True), (4, True), (8, True)]
@@ -438,6 +439,45 @@ def test_step_costs_are_timed_per_sampling_setting(monkeypatch):
     decoder.generate(prompt, 8)
     assert len(timed) == 6  # nothing re-timed
     assert decoder.policy.costs.tolist() == [2e-3, 4e-3, 8e-3]
+
+
+def test_measured_costs_follow_the_steps_and_given_costs_stay(monkeypatch):
+    """A start-up curve timed on a busy machine (here: 1 s a step, for a tiny model that takes milliseconds) moves
+    toward the wall times of the steps that ran, size by size; the timing itself keeps the fastest of its repeats
+    and pools a curve that falls with size; costs given to the decoder are never changed."""
+    model = tiny_target("llama", seed=5)
+    drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=None, policy_buckets=(1, 2, 4, 8))
+    slow = {1: 1.0, 2: 3.0, 4: 1.0, 8: 2.0}  # size 2's spike is noise: a bigger tree never costs less
+    monkeypatch.setattr(decoder, "_time_step", lambda bucket, size, repeats=5: slow[size])
+    prompt = [4, 8, 15, 16, 23]
+    decoder.prepare()
+    assert decoder.step_costs() == [1.0, 2.0, 2.0, 2.0]
+    out = decoder.generate(prompt, 30)
+    assert out.output_ids == hf_greedy(model, prompt, 30)
+    used = set(out.stats.tree_sizes)
+    assert 1 <= len(used) < 4, used  # some sizes ran, some did not: both sides of the rule are seen
+    for size, cost, timed in zip(decoder.sizes(), decoder.step_costs(), [1.0, 2.0, 2.0, 2.0]):
+        assert (cost < timed) == (size in used) and cost > 0, (size, cost, used)  # only the sizes that ran moved
+    given = GraphedDecoder(model, drafter, budget=None, policy_buckets=(1, 2, 4, 8), policy_costs=[1.0, 3.0, 1.0, 2.0])
+    given.generate(prompt, 30)
+    assert given.step_costs() == [1.0, 3.0, 1.0, 2.0]
+
+
+def test_timing_keeps_the_fastest_repeat(monkeypatch):
+    """Steps of 9 s (the warm-up), then 0.5, 0.2 and 3 s: other work on the machine only adds time, so 0.2 s."""
+    import tensorrt_llm_dflash.graphed as graphed
+
+    decoder = GraphedDecoder(tiny_target("llama", seed=5), None)
+    clock = [0.0]
+    durations = iter([9.0, 0.5, 0.2, 3.0])
+
+    def step(stage_seconds) -> None:
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(decoder, "_run_step", step)
+    monkeypatch.setattr(graphed.time, "perf_counter", lambda: clock[0])
+    assert decoder._time_step(1, 1, repeats=3) == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("budget", [None, 3])
