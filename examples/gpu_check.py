@@ -411,7 +411,8 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
     with report.check(f"{tag}/capture") as c:
         ctx.needs(ctx.model, ctx.ar)
         drafter = drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids)
-        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, policy_buckets=ctx.buckets)
+        # Costs as timed at start-up, not refined by the runs: the eager twin below must make the same choices.
+        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, policy_buckets=ctx.buckets, refine_costs=False)
         decoder.reserve(len(ctx.prompt), ctx.new_tokens)
         start = time.perf_counter()
         decoder.prepare()
@@ -558,7 +559,8 @@ def check_batch(report: Report, ctx: Context, method: str) -> None:
         solo = [solo_decoder.generate(p, ctx.new_tokens) for p in prompts]
         sync(ctx.device)
         solo_s = time.perf_counter() - start
-        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, batch=BATCH_ROWS, policy_buckets=ctx.buckets)
+        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, batch=BATCH_ROWS, policy_buckets=ctx.buckets,
+                                 refine_costs=False)  # the eager twin below must make the same choices
         decoder.prepare()
         first = decoder.generate_many(prompts, ctx.new_tokens)  # warm: every shape it needs is captured now
         start = time.perf_counter()

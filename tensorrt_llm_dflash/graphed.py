@@ -188,7 +188,8 @@ class GraphedDecoder:
     costs measured when first needed unless ``policy_costs`` gives them, either one list per size for every
     bucket or a function ``(bucket, size) -> seconds``; with ``lookup``, prompt-lookup branches as the eager
     default grafts them, :class:`~.policy.PolicyConfig`'s lengths); without a drafter every step is one token
-    (the graphed AR baseline). ``drafter`` is a :class:`DFlashDraftModel` (run by :class:`StaticDrafter`), or any
+    (the graphed AR baseline); measured costs are refined from the steps that run unless ``refine_costs`` is False.
+    ``drafter`` is a :class:`DFlashDraftModel` (run by :class:`StaticDrafter`), or any
     object whose ``static_proposer(model, capacity, batch)`` returns one of the same interface (``block_size``,
     ``draft_ids``, ``target_layer_ids``, ``extend(features, start, row=None)``, ``draft(root, context_len,
     window)``, optionally ``copy_from(old)`` and ``move_row(src, dst)``). ``use_graphs`` defaults to True on
@@ -202,7 +203,7 @@ class GraphedDecoder:
                  use_graphs: bool | None = None, batch: int = 1, capacity: int = CAPACITY_STEP,
                  policy_buckets: Sequence[int] = POLICY_BUCKETS,
                  policy_costs: Sequence[float] | Callable[[int, int], float] | None = None,
-                 lookup: bool = True) -> None:
+                 lookup: bool = True, refine_costs: bool = True) -> None:
         self.model = target_model
         self.lookup_config = PolicyConfig(lookup=bool(lookup))
         self.drafter_model = drafter
@@ -210,6 +211,9 @@ class GraphedDecoder:
         self.policy_buckets = tuple(sorted({int(b) for b in policy_buckets}))
         self.policy_costs = policy_costs if callable(policy_costs) or policy_costs is None else \
             [float(c) for c in policy_costs]
+        #: Refine measured step costs from the steps that run (off: decisions depend only on the start-up timing,
+        #: so that two decoders given the same requests choose the same sizes).
+        self.refine_costs = bool(refine_costs)
         self.batch = int(batch)
         self.batch_buckets = batch_buckets(self.batch)
         self.device = target_model.device
@@ -638,7 +642,7 @@ class GraphedDecoder:
         exponential average as the eager policy's CostModel keeps: the start-up curve was timed on throwaway state
         at one window, on a machine that may have been busy then. Given costs stay as given."""
         costs = self._costs.get((self.kind, bucket))
-        if self.policy is None or self.policy_costs is not None or costs is None:
+        if self.policy is None or self.policy_costs is not None or not self.refine_costs or costs is None:
             return
         i = self.sizes().index(self.nodes)
         costs[i] = (1.0 - COST_EMA) * costs[i] + COST_EMA * seconds
