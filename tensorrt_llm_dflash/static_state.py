@@ -22,6 +22,7 @@ them (an additive ``finfo.min`` gives an exact zero weight).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -32,7 +33,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .compat import CACHE_KWARG
 from .drafter import DFlashDraftModel, apply_rope
 from .errors import DFlashInputError
-from .target import _sliding_window, max_positions
+from .target import CpuFastPaths, _sliding_window, max_positions
 
 
 class _RowSlotLayer(CacheLayerMixin):
@@ -151,6 +152,10 @@ class StaticTarget:
                                   self.device)
         self._window, self._mixed = _sliding_window(config)
         self._slots = torch.arange(capacity, device=self.device)
+        # A float32 CPU target takes the eager verifier's fast paths (blocked GEMMs for 4..15 rows, GQA attention
+        # without a K/V copy), bit-identical to its own modules: a tree of a few nodes costs what the eager runtime
+        # pays for it, not MKL's price for a few rows (CPU only; nothing changes under CUDA graphs).
+        self._cpu_paths = CpuFastPaths(model) if CpuFastPaths.applies(model) else None
 
     @property
     def capacity(self) -> int:
@@ -171,9 +176,11 @@ class StaticTarget:
              window: int, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         cache = self.cache
         cache.write_slots, cache.rows, cache.window = slots, rows, window
-        out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache_position=slots[0],
-                         use_cache=True, **{CACHE_KWARG: cache}, output_hidden_states=bool(self.layer_ids),
-                         logits_to_keep=1 if last_only else 0)
+        paths = self._cpu_paths.installed() if self._cpu_paths is not None else contextlib.nullcontext()
+        with paths:
+            out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache_position=slots[0],
+                             use_cache=True, **{CACHE_KWARG: cache}, output_hidden_states=bool(self.layer_ids),
+                             logits_to_keep=1 if last_only else 0)
         feats = None
         if self.layer_ids:
             feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
