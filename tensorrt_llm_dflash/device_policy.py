@@ -196,6 +196,10 @@ class DevicePolicy:
         table.copy_(torch.cummax(raw, dim=1).values)  # a better score (marginal, longer match) never rates lower
 
 
+#: Pseudo-tokens of the prior that a size delivers all the extra tokens it predicts (before its steps say otherwise).
+DELIVERY_PRIOR = 4.0
+
+
 @dataclass
 class SizeChooser:
     """The next step's tree size for the rows that step together (the host side of the cost-aware tree).
@@ -206,6 +210,14 @@ class SizeChooser:
     tokens per second for the batch: ``sum over rows of E_r(n) / cost(n)``, ties to the smaller size. A plain
     AR step (size 1, in ``sizes`` when the decoder may fall back to it) commits exactly one token per row.
 
+    **Delivery.** The estimates are a step old and come from calibrated path values whose product assumes
+    independent acceptances along a path; choosing the size whose estimate happens to be high also selects
+    optimistic estimates. So :meth:`observe` compares what each drafted step committed with what was expected of
+    it, per size: the extra tokens (beyond one per row) it delivered over the extra it promised, exponentially
+    forgotten (``decay`` per step), with a prior of full delivery. ``choose`` scales each size's promised extra
+    by that share (a size not run yet takes the share of the largest smaller size that has run), so a size that
+    over-promises stops being chosen where its real rate is below AR's.
+
     An AR step drafts nothing, so the estimates it decides from go stale. After ``backoff`` AR steps in a row it
     drafts once (a probe, at the best drafted size) to refresh them; each probe that AR survives doubles
     ``backoff`` (up to ``max_backoff``), and a step where speculation wins resets it to 1. So when speculation
@@ -215,11 +227,17 @@ class SizeChooser:
     sizes: tuple[int, ...]
     start: int = POLICY_START
     max_backoff: int = 64
+    decay: float = 0.98
     #: AR steps to run before the next probe, and AR steps run since the last drafted step.
     backoff: int = 1
     ar_run: int = 0
     #: The sizes that draft (>= 2), ascending.
     drafted: tuple[int, ...] = field(init=False, default=())
+    #: Per drafted size that has run: forgotten sums of the extra tokens its steps promised and delivered.
+    promised: dict[int, float] = field(init=False, default_factory=dict)
+    delivered: dict[int, float] = field(init=False, default_factory=dict)
+    #: (size, promised extra tokens) of the last choice, until :meth:`observe` settles it.
+    _pending: tuple[int, float] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.sizes = tuple(sorted(int(s) for s in self.sizes))
@@ -230,7 +248,7 @@ class SizeChooser:
             self.start = self.drafted[len(self.drafted) // 2]
 
     def totals(self, expected: Sequence[Sequence[float] | None]) -> dict[int, float] | None:
-        """Expected committed tokens of the batch per size (None: no row has an estimate yet)."""
+        """Expected committed tokens of the batch per size, as estimated (None: no row has an estimate yet)."""
         known = [list(e) for e in expected if e is not None]
         if not known:
             return None
@@ -241,18 +259,40 @@ class SizeChooser:
             totals[1] = float(len(rows))
         return totals
 
+    def share(self, size: int) -> float:
+        """The share of its promised extra tokens that ``size`` delivers (see the class docstring)."""
+        run = [s for s in self.drafted if s <= size and s in self.promised]
+        if size < 2 or not run:
+            return 1.0
+        last = run[-1]
+        return (self.delivered[last] + DELIVERY_PRIOR) / (self.promised[last] + DELIVERY_PRIOR)
+
     def choose(self, expected: Sequence[Sequence[float] | None], costs: Sequence[float]) -> int:
         """The next size; ``costs`` holds seconds per size of ``sizes`` (ascending) at this batch bucket."""
         totals = self.totals(expected)
+        self._pending = None
         if totals is None:
             return self.start
+        rows = float(len(expected))
+        tokens = {size: rows + self.share(size) * (total - rows) for size, total in totals.items()}
         seconds = dict(zip(self.sizes, (float(c) for c in costs)))
-        best = max(self.sizes, key=lambda size: totals[size] / seconds[size])  # the first maximum: the smaller size
-        if best > 1:
+        best = max(self.sizes, key=lambda size: tokens[size] / seconds[size])  # the first maximum: the smaller size
+        if best == 1:
+            if self.ar_run < self.backoff:
+                self.ar_run += 1
+                return 1
+            self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
+            best = max(self.drafted, key=lambda size: tokens[size] / seconds[size])  # a probe
+        else:
             self.ar_run, self.backoff = 0, 1
-            return best
-        if self.ar_run < self.backoff:
-            self.ar_run += 1
-            return 1
-        self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
-        return max(self.drafted, key=lambda size: totals[size] / seconds[size])
+        self._pending = (best, totals[best] - rows)
+        return best
+
+    def observe(self, committed: int, rows: int) -> None:
+        """What the step of the last choice committed, over ``rows`` rows: it settles that size's delivery."""
+        if self._pending is None:
+            return
+        size, promised = self._pending
+        self._pending = None
+        self.promised[size] = self.decay * self.promised.get(size, 0.0) + max(promised, 0.0)
+        self.delivered[size] = self.decay * self.delivered.get(size, 0.0) + max(committed - rows, 0)

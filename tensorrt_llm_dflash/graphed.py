@@ -801,6 +801,8 @@ class GraphedDecoder:
             if self.policy is not None and nodes > 1:
                 state.expected = [v / EXPECTED_SCALE for v in values[2 + width:]]
             results[row] = RowResult(values[1 : 1 + count], nodes, values[1 + width])
+        if self.chooser is not None:
+            self.chooser.observe(sum(len(r.tokens) for r in results.values()), len(results))
         return results
 
     def _copy_out(self) -> list[list[int]]:

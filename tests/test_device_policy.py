@@ -5,6 +5,7 @@ curves (deterministic, no timing), and the device side's per-row estimates and p
   batches and curves), AR included: where AR wins on the batch's own curve it is chosen, so speculation never
   costs the batch throughput against AR at the same concurrency, except for the back-off's probes, which
   thin out (doubling gaps, at most one step in 65).
+* A size whose steps deliver fewer tokens than it promised is scaled down until it stops being chosen.
 * A row not drafted for yet counts as the mean of the others; a batch with no estimate starts at the start size.
 * ``expected_tokens`` is 1 + the sum of the best ``size - 1`` path values; ``learn`` ignores padding rows.
 """
@@ -79,6 +80,25 @@ def test_a_probe_that_finds_speculation_paying_resets_the_back_off():
     assert chooser.backoff > 4
     assert chooser.choose(good, costs) == 16 and chooser.backoff == 1 and chooser.ar_run == 0
     assert chooser.choose(poor, costs) == 1 and chooser.choose(poor, costs) == 2  # one AR step, then a probe
+
+
+def test_a_size_that_over_promises_stops_being_chosen():
+    """Estimates say 8 nodes pay (4 rows x 4.0 tokens at cost 2.0 vs AR's 4 tokens at 1.0), but its steps deliver a
+    quarter of the extra tokens they promise: after a few such steps the batch decodes AR. A size that delivers what
+    it promises keeps being chosen; a size not run yet takes the share of the largest smaller size that has run."""
+    rows = [[1.1, 1.5, 4.0, 4.0, 4.0, 4.0]] * 4
+    costs = [1.0, 1.2, 1.6, 2.0, 4.0, 8.0, 16.0]
+    honest, optimist = SizeChooser(SIZES), SizeChooser(SIZES)
+    choices = {"honest": [], "optimist": []}
+    for _ in range(40):
+        choices["honest"].append(honest.choose(rows, costs))
+        honest.observe(4 * 4, 4)  # 4 rows x 4 tokens: what 8 nodes promised
+        size = optimist.choose(rows, costs)
+        choices["optimist"].append(size)
+        optimist.observe({1: 4, 4: 6, 8: 4 + 3}.get(size, 4), 4)  # 8 nodes: 3 extra tokens of the 12 promised
+    assert set(choices["honest"]) == {8} and honest.share(8) == pytest.approx(1.0)
+    assert choices["optimist"][:3] == [8, 8, 8] and choices["optimist"][-20:].count(1) >= 15, choices["optimist"]
+    assert optimist.share(8) < 0.35 and optimist.share(16) == optimist.share(8) and optimist.share(2) == 1.0
 
 
 def test_rows_without_estimates():
