@@ -205,7 +205,8 @@ class SizeChooser:
     """The next step's tree size for the rows that step together (the host side of the cost-aware tree).
 
     ``choose`` takes each row's expected committed tokens at every drafted size (from the last drafted step's
-    copy; None for a row not drafted for yet, which counts as the mean of the others) and the measured seconds
+    copy; None for a row not drafted for yet, which counts as the mean of the others, or, in a batch of new rows,
+    as the mean of the last rows that had one: ``start`` only before any estimate at all) and the measured seconds
     of a step of this batch bucket at every size in ``sizes``, and returns the size with the most expected
     tokens per second for the batch: ``sum over rows of E_r(n) / cost(n)``, ties to the smaller size. A plain
     AR step (size 1, in ``sizes`` when the decoder may fall back to it) commits exactly one token per row.
@@ -238,6 +239,8 @@ class SizeChooser:
     delivered: dict[int, float] = field(init=False, default_factory=dict)
     #: (size, promised extra tokens) of the last choice, until :meth:`observe` settles it.
     _pending: tuple[int, float] | None = field(init=False, default=None)
+    #: The mean estimate of the rows at the last choice that had one: what a batch of new rows counts as.
+    typical: list[float] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.sizes = tuple(sorted(int(s) for s in self.sizes))
@@ -248,12 +251,13 @@ class SizeChooser:
             self.start = self.drafted[len(self.drafted) // 2]
 
     def totals(self, expected: Sequence[Sequence[float] | None]) -> dict[int, float] | None:
-        """Expected committed tokens of the batch per size, as estimated (None: no row has an estimate yet)."""
+        """Expected committed tokens of the batch per size, as estimated (None: no row, now or before, has one)."""
         known = [list(e) for e in expected if e is not None]
-        if not known:
+        if known:
+            self.typical = [sum(column) / len(known) for column in zip(*known)]
+        if self.typical is None:
             return None
-        mean = [sum(column) / len(known) for column in zip(*known)]
-        rows = [list(e) if e is not None else mean for e in expected]
+        rows = [list(e) if e is not None else self.typical for e in expected]
         totals = {size: sum(row[j] for row in rows) for j, size in enumerate(self.drafted)}
         if 1 in self.sizes:
             totals[1] = float(len(rows))

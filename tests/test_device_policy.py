@@ -106,6 +106,7 @@ def test_rows_without_estimates():
     assert chooser.choose([None, None], [1.0] * len(SIZES)) == 16  # nothing drafted yet: the start size
     known = [1.5, 2.0, 2.4, 2.6, 2.7, 2.7]
     assert chooser.totals([known, None]) == chooser.totals([known, known])  # a new row counts as the mean
+    assert chooser.totals([None, None, None]) == chooser.totals([known] * 3)  # new rows: the last rows' mean
     assert SizeChooser((2, 4, 8), start=3).start == 4  # a start that is no size: the middle one
     with pytest.raises(ValueError, match="no drafted size"):
         SizeChooser((1,))
