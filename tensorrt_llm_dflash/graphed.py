@@ -498,7 +498,11 @@ class GraphedDecoder:
         return out
 
     def _commit(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        b, width = self.bucket, self.path_width
+        b, full = self.bucket, self.path_width
+        # A path through an N-node tree holds at most N nodes: the compaction, the drafter's context and the history
+        # cover only those (an AR step extends the drafter's context by one slot, not by a block; at batch 8 on a
+        # CPU the block-wide extension cost an AR step 5%).
+        width = min(full, self.nodes)
         past = self.past[:b]
         stepping = self.max_depth[:b] >= 0  # padding rows commit nothing and teach nothing
         tree = DeviceTree(tokens=live["tokens"], parents=live["parents"], depths=live["depths"],
@@ -519,10 +523,10 @@ class GraphedDecoder:
             lookup_count = (lookup_only.gather(1, path) & in_path).sum(1)
         else:
             lookup_count = torch.zeros_like(length)
-        columns = [length[:, None], committed, lookup_count[:, None]]
+        columns = [length[:, None], torch.nn.functional.pad(committed, (0, full - width)), lookup_count[:, None]]
         if self.policy is not None:
             expected = live.get("expected")
-            columns.append(torch.zeros_like(self.out[:b, 2 + width:]) if expected is None
+            columns.append(torch.zeros_like(self.out[:b, 2 + full:]) if expected is None
                            else (expected * EXPECTED_SCALE).round().long())
         self.out[:b].copy_(torch.cat(columns, dim=1))
         if self.policy is not None and "cond" in live:
