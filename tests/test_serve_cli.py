@@ -59,7 +59,7 @@ def _refused(argv: list[str], capsys) -> str:
     (["--max_queue", "-1"], "argument --max_queue: must be an integer"),
     (["--max_model_len", "ten"], "argument --max_model_len: must be an integer >= 1, got 'ten'"),
     (["--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
-    (["--backend", "trt"], "argument --backend: 'trt' is not served yet"),
+    (["--backend", "trt"], "argument --backend: 'trt' needs --engine_dir"),
     (["--speculative_decoding_mode", "none", "--ddtree_budget", "4"], "argument --ddtree_budget: needs "
                                                                       "--speculative_decoding_mode dflash"),
     (["--no_lookup", "--ddtree_budget", "4"], "argument --no_lookup: applies to the cost-aware tree"),
@@ -68,6 +68,46 @@ def _refused(argv: list[str], capsys) -> str:
 ])
 def test_bad_flags_are_refused_before_any_model_loads(argv, says, capsys, no_model_loads):
     assert says in _refused(argv, capsys)
+
+
+@pytest.fixture
+def engine_config(tmp_path):
+    """An engine directory's config.json only (max_draft_len 8, max_batch_size 4): what the checks read."""
+    import json
+
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({
+        "pretrained_config": {"architecture": "DFlashForCausalLM", "max_draft_len": 8, "dflash": {"block_size": 4}},
+        "build_config": {"max_batch_size": 4}}))
+    return engine
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--ddtree_budget", "9"], "argument --ddtree_budget: 9 exceeds the engine's max_draft_len=8"),
+    (["--max_batch_size", "5"], "argument --max_batch_size: 5 exceeds the engine's max_batch_size=4"),
+    (["--speculative_decoding_mode", "none"], "argument --speculative_decoding_mode: a DFlash engine always drafts"),
+    (["--dtype", "bfloat16"], "argument --dtype: applies to --backend pytorch"),
+    (["--no_lookup"], "argument --no_lookup: applies to --backend pytorch"),
+    (["--backend", "pytorch"], "argument --engine_dir: applies to --backend trt"),
+])
+def test_engine_flags_are_refused_before_the_engine_loads(engine_config, extra, says, capsys, no_model_loads):
+    assert says in _refused(["--engine_dir", str(engine_config), *extra], capsys)
+
+
+def test_a_directory_that_is_no_dflash_engine_is_refused_by_name(tmp_path, capsys, no_model_loads):
+    (tmp_path / "config.json").write_text('{"pretrained_config": {"architecture": "LlamaForCausalLM"}}')
+    err = _refused(["--engine_dir", str(tmp_path)], capsys)
+    assert f"argument --engine_dir: {tmp_path} is not a DFlash engine" in err and "'LlamaForCausalLM'" in err
+
+
+def test_without_tensorrt_llm_an_engine_is_refused_by_name(engine_config, capsys, no_model_loads, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorrt_llm" else real(name, *a))
+    assert "argument --engine_dir: needs the tensorrt_llm package" in _refused(["--engine_dir", str(engine_config)],
+                                                                              capsys)
 
 
 def test_a_target_without_a_drafter_is_refused_by_name(model_dirs, capsys, no_model_loads):

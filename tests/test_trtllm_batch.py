@@ -293,6 +293,65 @@ def test_serve_runner_refuses_what_it_cannot_run_by_name(engines):
         assert runner.step() == {} and runner.batch.free_rows == 2
 
 
+def test_the_server_serves_an_engine_with_backend_trt(engines, tmp_path):
+    """``python -m tensorrt_llm_dflash.serve --engine_dir E --tokenizer_dir T`` (``--backend trt`` implied) on a
+    max_batch_size 4 engine, with the official ``openai`` client: four concurrent completions (rows of one step
+    loop) and a streamed one, each answer the PyTorch runtime's tokens for its prompt; the engine's name and rows
+    in /v1/models and the start-up line."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    root, built = engines
+    target, drafter, engine_dir = built["qwen3"]
+    tokenizer = word_tokenizer(tmp_path / "tokenizer")
+    with standin.active(root / "lib") as env:
+        command = [sys.executable, "-m", "tensorrt_llm_dflash.serve", "--engine_dir", str(engine_dir),
+                   "--tokenizer_dir", str(tmp_path / "tokenizer"), "--ddtree_budget", "8", "--device", "cpu",
+                   "--port", "0", "--log_level", "warning"]
+        process = subprocess.Popen(command, cwd=standin.ROOT, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(" at http://" in line for line in lines):
+            assert process.poll() is None, f"the server exited: {process.stderr.read()}"
+            assert time.monotonic() < deadline, "the server did not say where it listens"
+            time.sleep(0.05)
+        ready = next(line for line in lines if " at http://" in line)
+        assert "'engine'" in ready and "DFlash DDTree budget 8, TensorRT-LLM engine" in ready
+        assert f"max_batch_size {ROWS}" in ready
+        client = openai.OpenAI(base_url=ready.rsplit(" at ", 1)[1].strip() + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["engine"]
+        prompts = BATCH_PROMPTS[:4]
+
+        def complete(prompt: list[int]):
+            return client.completions.create(model="engine", prompt=" ".join(word(t) for t in prompt),
+                                             max_tokens=10, temperature=0)
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            responses = list(pool.map(complete, prompts))
+        for prompt, response in zip(prompts, responses):
+            expected = reference(target, drafter, prompt, 8, 10, stops=(1,)).output_ids  # w01: the EOS
+            assert response.choices[0].text == tokenizer.decode(expected, skip_special_tokens=True), prompt
+            assert response.usage.completion_tokens == len(expected)
+        streamed = client.completions.create(model="engine", prompt=" ".join(word(t) for t in prompts[1]),
+                                             max_tokens=10, temperature=0, stream=True)
+        assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == responses[1].choices[0].text
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
 # ------------------------------------------------------------------------ run.py
 
 

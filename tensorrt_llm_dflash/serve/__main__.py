@@ -4,6 +4,8 @@
     python -m tensorrt_llm_dflash.serve --speculative_decoding_mode none  # plain AR, same runtime
     python -m tensorrt_llm_dflash.serve --target_model_dir /models/Qwen3-8B \\
         --draft_model_dir /models/Qwen3-8B-DFlash-b16 --dtype bfloat16 --device cuda --port 8000
+    python -m tensorrt_llm_dflash.serve --engine_dir engines/qwen3-8b-dflash \\
+        --tokenizer_dir /models/Qwen3-8B --port 8000                      # a TensorRT-LLM engine (--backend trt)
 
 Model flags follow examples/run.py. Every flag is checked, and the port bound, before any model
 loads: a bad flag or a port in use exits with status 2 and one line naming it.
@@ -54,9 +56,14 @@ def build_parser() -> cli.ArgumentParser:
                             epilog="Exactness by --dtype: " + "; ".join(guarantee(d) for d in DTYPES) + ".")
     model = ap.add_argument_group("model (as examples/run.py)")
     model.add_argument("--speculative_decoding_mode", choices=["none", "dflash"], default="dflash")
-    model.add_argument("--backend", choices=["pytorch", "trt"], default="pytorch",
+    model.add_argument("--backend", choices=["pytorch", "trt"], default=None,
                        help="pytorch: the graph-ready runtime (CUDA graphs on CUDA, eager on the CPU); trt: a "
-                            "TensorRT-LLM engine (not served yet: the engine runner needs rows first, issue 37 item 5)")
+                            "TensorRT-LLM engine built with --speculative_decoding_mode dflash (implied by "
+                            "--engine_dir; its rows are the engine's --max_batch_size, its tree a fixed budget)")
+    model.add_argument("--engine_dir", type=cli.existing_dir, default=None,
+                       help="TensorRT-LLM engine dir (implies --backend trt; docs/trtllm_engine.md)")
+    model.add_argument("--tokenizer_dir", type=cli.existing_path, default=None,
+                       help="tokenizer for --engine_dir (default: the engine dir)")
     model.add_argument("--target_model_dir", type=cli.existing_path, default=None,
                        help="HF causal-LM dir or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     model.add_argument("--draft_model_dir", type=cli.existing_dir, default=None,
@@ -75,9 +82,10 @@ def build_parser() -> cli.ArgumentParser:
     server.add_argument("--port", type=cli.integer(0, 65535), default=8000, help="0 = any free port (printed)")
     server.add_argument("--served_model_name", type=served_name, default=None,
                         help="the model's name in the API (default: the target directory's name)")
-    server.add_argument("--max_batch_size", type=cli.integer(1, MAX_BATCH_SIZE), default=1,
+    server.add_argument("--max_batch_size", type=cli.integer(1, MAX_BATCH_SIZE), default=None,
                         help="rows decoded together: one batched decoder, every step one forward pass over the rows "
-                             "in flight (the cost-aware tree picks its size for the batch; docs/serving.md)")
+                             "in flight (the cost-aware tree picks its size for the batch; docs/serving.md); "
+                             "default 1, or the engine's --max_batch_size with --backend trt (at most that)")
     server.add_argument("--max_queue", type=cli.integer(0, MAX_QUEUE), default=64,
                         help="requests that may wait for a row; past max_batch_size + max_queue in flight, new "
                              "requests get 429")
@@ -91,9 +99,17 @@ def build_parser() -> cli.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.backend is None:
+        args.backend = "trt" if args.engine_dir is not None else "pytorch"
     if args.backend == "trt":
-        cli.refuse(ap, "--backend", "'trt' is not served yet: the engine runner decodes one prompt per call, and the "
-                                    "server needs a BatchRunner over it (issue 37 item 5); serve --backend pytorch")
+        check_engine_args(ap, args)
+    else:
+        for flag, given in (("--engine_dir", args.engine_dir is not None),
+                            ("--tokenizer_dir", args.tokenizer_dir is not None)):
+            if given:
+                cli.refuse(ap, flag, "applies to --backend trt (a TensorRT-LLM engine)")
+        if args.max_batch_size is None:
+            args.max_batch_size = 1
     speculative = args.speculative_decoding_mode == "dflash"
     if not speculative:
         for flag, given in (("--draft_model_dir", args.draft_model_dir is not None),
@@ -110,6 +126,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"the server needs {' and '.join(missing)}, which is not installed: pip install -r requirements.txt")
     args.socket = bind(ap, args.host, args.port)
     return args
+
+
+def check_engine_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--backend trt: what the engine's config.json allows, checked before the engine (or tensorrt_llm) loads."""
+    from ..errors import DFlashConfigError
+
+    if args.engine_dir is None:
+        cli.refuse(ap, "--backend", "'trt' needs --engine_dir")
+    for flag, given in (("--target_model_dir", args.target_model_dir is not None),
+                        ("--draft_model_dir", args.draft_model_dir is not None), ("--no_lookup", args.no_lookup),
+                        ("--dtype", args.dtype != "float32")):
+        if given:
+            cli.refuse(ap, flag, "applies to --backend pytorch: an engine holds its own target, drafter and dtype")
+    if args.speculative_decoding_mode != "dflash":
+        cli.refuse(ap, "--speculative_decoding_mode", "a DFlash engine always drafts: serve it in 'dflash' mode "
+                                                      "(--ddtree_budget 0 for the chain)")
+    from ..trtllm.runner import read_engine_config
+
+    try:
+        config = read_engine_config(args.engine_dir)
+        max_draft_len = int(config["pretrained_config"]["max_draft_len"])
+        engine_rows = int(config["build_config"].get("max_batch_size", 1))
+    except (DFlashConfigError, KeyError, TypeError, ValueError) as err:
+        cli.refuse(ap, "--engine_dir", f"{args.engine_dir} is not a DFlash engine: {err}")
+    if args.ddtree_budget is not None and args.ddtree_budget > max_draft_len:
+        cli.refuse(ap, "--ddtree_budget", f"{args.ddtree_budget} exceeds the engine's max_draft_len={max_draft_len}")
+    if args.max_batch_size is None:
+        args.max_batch_size = engine_rows
+    elif args.max_batch_size > engine_rows:
+        cli.refuse(ap, "--max_batch_size", f"{args.max_batch_size} exceeds the engine's max_batch_size={engine_rows} "
+                                           "(trtllm-build --max_batch_size)")
+    cli.require_module(ap, "--engine_dir", "tensorrt_llm",
+                       "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
 
 
 def bind(ap: argparse.ArgumentParser, address: str, port: int) -> socket.socket:
@@ -151,9 +200,26 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
     return model, drafter, tokenizer, [int(s) for s in stops]
 
 
+def load_engine(args: argparse.Namespace) -> tuple[Any, Any, list[int]]:
+    """--backend trt: (EngineServeRunner, tokenizer, EOS ids), as examples/run.py loads an engine."""
+    from tensorrt_llm._utils import mpi_rank
+    from transformers import AutoTokenizer
+
+    from ..trtllm.serve_runner import EngineServeRunner
+
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
+    runner = EngineServeRunner(args.engine_dir, ddtree_budget=args.ddtree_budget, max_batch=args.max_batch_size,
+                               max_model_len=args.max_model_len, device=args.device, rank=mpi_rank())
+    eos = getattr(tokenizer, "eos_token_id", None)
+    stops = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
+    return runner, tokenizer, [int(s) for s in stops]
+
+
 def default_model_name(args: argparse.Namespace) -> str:
     if args.served_model_name:
         return args.served_model_name
+    if args.engine_dir is not None:
+        return Path(args.engine_dir).resolve().name
     if args.target_model_dir is None:
         return EMBEDDED_MODEL_NAME
     path = Path(args.target_model_dir).resolve()
@@ -166,9 +232,12 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
     from .engine import Engine
     from .runner import DecoderSpec, graphed_rows
 
-    model, drafter, tokenizer, eos = load_models(args)
-    spec = DecoderSpec(model, drafter, budget=args.ddtree_budget, lookup=not args.no_lookup)
-    runner = graphed_rows(spec, args.max_batch_size, args.max_model_len)
+    if args.backend == "trt":
+        runner, tokenizer, eos = load_engine(args)
+    else:
+        model, drafter, tokenizer, eos = load_models(args)
+        spec = DecoderSpec(model, drafter, budget=args.ddtree_budget, lookup=not args.no_lookup)
+        runner = graphed_rows(spec, args.max_batch_size, args.max_model_len)
     # Two tokenizers: a fast tokenizer is not safe to share between the event loop and the engine thread.
     engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=args.max_queue)
     app = create_app(engine, ServerSettings(default_model_name(args), frozenset(eos), tokenizer))
@@ -185,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        warning = low_precision_warning(args.dtype, args.speculative_decoding_mode == "dflash")
+        warning = None if args.backend == "trt" else low_precision_warning(
+            args.dtype, args.speculative_decoding_mode == "dflash")
         if warning:
             print(warning, file=sys.stderr)
         app, engine = build_server(args)
