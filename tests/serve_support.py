@@ -7,9 +7,11 @@ import contextlib
 import copy
 import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -159,3 +161,24 @@ def tiny_server(models: TinyModels, *, rows: int, budget: int | None = None, spe
     if slow is not None:
         runner = SlowRunner(runner, slow)
     return LiveServer(runner, models.tokenizer, max_queue=max_queue)
+
+
+@contextlib.contextmanager
+def server_process(command: list[str], env: dict[str, str], cwd: Path,
+                   timeout: float = 120) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``python -m tensorrt_llm_dflash.serve ...`` as a real process: yields (process, its start-up line) once it
+    says where it listens (the URL follows the line's last " at "); killed on the way out if still running."""
+    process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not any(" at http://" in line for line in lines):
+            assert process.poll() is None, f"the server exited: {process.stderr.read()}"
+            assert time.monotonic() < deadline, "the server did not say where it listens"
+            time.sleep(0.05)
+        yield process, next(line for line in lines if " at http://" in line)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

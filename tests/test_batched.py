@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from test_sampling import VOCAB, chi2_threshold, chi_square
-from tiny_models import full_forward, hf_greedy, tiny_drafter, tiny_target
+from tiny_models import full_forward, hf_greedy, scripted_draft_logits, tiny_drafter, tiny_target
 
 from tensorrt_llm_dflash.errors import DFlashInputError
 from tensorrt_llm_dflash.graphed import GraphedDecoder, batch_buckets, row_probs, sampling_kind
@@ -62,18 +62,8 @@ class ScriptedRows:
     def draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None = None) -> torch.Tensor:
         b = root.shape[0]
         truth = self.streams[:b].gather(1, context_len[:, None] + self.offsets)  # [b, D], -1 past the known stream
-        logits = self.base[context_len].clone()
-        known = truth >= 0
-        wrong = self.wrong[context_len] & known
-        truth = truth.clamp(min=0)
-        decoy = self.decoys[context_len]
-        decoy = torch.where(decoy == truth, (truth + 1) % self.vocab, decoy)
-        high, second = torch.tensor(12.0, dtype=logits.dtype), torch.tensor(11.0, dtype=logits.dtype)
-        at_truth = logits.gather(2, truth[..., None])[..., 0]
-        logits.scatter_(2, truth[..., None], torch.where(known, torch.where(wrong, second, high), at_truth)[..., None])
-        at_decoy = logits.gather(2, decoy[..., None])[..., 0]
-        logits.scatter_(2, decoy[..., None], torch.where(wrong, high, at_decoy)[..., None])
-        return logits
+        return scripted_draft_logits(self.base[context_len], self.wrong[context_len], self.decoys[context_len], truth,
+                                     self.vocab)
 
 
 def prompts_of(seed: int, lengths: tuple[int, ...]) -> list[list[int]]:

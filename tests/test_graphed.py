@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from test_sampling import PROMPT, VOCAB, chi2_threshold, chi_square, exact_joint
-from tiny_models import hf_greedy, tiny_drafter, tiny_target
+from tiny_models import hf_greedy, scripted_draft_logits, tiny_drafter, tiny_target
 
 from tensorrt_llm_dflash.decode import speculative_generate
 from tensorrt_llm_dflash.graphed import CAPACITY_STEP, GraphedDecoder, tree_size
@@ -59,18 +59,8 @@ class ScriptedStaticProposer:
     def draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None = None) -> torch.Tensor:
         self.drafts += 1
         truth = self.stream[context_len[:, None] + self.offsets]  # [B, D], -1 past the known stream
-        logits = self.base[context_len].clone()  # [B, D, V]
-        known = truth >= 0
-        wrong = self.wrong[context_len] & known
-        truth = truth.clamp(min=0)
-        decoy = self.wrong_token[context_len]
-        decoy = torch.where(decoy == truth, (truth + 1) % self.vocab, decoy)
-        high, second = torch.tensor(12.0, dtype=logits.dtype), torch.tensor(11.0, dtype=logits.dtype)
-        at_truth = logits.gather(2, truth[..., None])[..., 0]
-        logits.scatter_(2, truth[..., None], torch.where(known, torch.where(wrong, second, high), at_truth)[..., None])
-        at_decoy = logits.gather(2, decoy[..., None])[..., 0]
-        logits.scatter_(2, decoy[..., None], torch.where(wrong, high, at_decoy)[..., None])
-        return logits
+        return scripted_draft_logits(self.base[context_len], self.wrong[context_len], self.wrong_token[context_len],
+                                     truth, self.vocab)
 
 
 def _targets():

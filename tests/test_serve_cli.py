@@ -7,14 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from serve_support import server_process
 from tiny_dirs import save_tiny_target_dir
 from tiny_models import hf_greedy, tiny_drafter
 
@@ -138,17 +136,7 @@ def test_the_command_serves_model_directories_and_stops_on_sigint(model_dirs):
                "--draft_model_dir", str(drafter_dir), "--port", "0", "--max_batch_size", "2", "--threads", "1",
                "--log_level", "warning"]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(" at http://" in line for line in lines):
-            assert process.poll() is None, f"the server exited: {process.stderr.read()}"
-            assert time.monotonic() < deadline, "the server did not say where it listens"
-            time.sleep(0.05)
-        ready = next(line for line in lines if " at http://" in line)
+    with server_process(command, env, ROOT) as (process, ready):
         assert "'target'" in ready and "cost-aware DDTree" in ready and "max_batch_size 2" in ready
         url = ready.rsplit(" at ", 1)[1].strip()
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -162,7 +150,3 @@ def test_the_command_serves_model_directories_and_stops_on_sigint(model_dirs):
         assert response.usage.completion_tokens == len(expected)
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)

@@ -299,13 +299,11 @@ def test_the_server_serves_an_engine_with_backend_trt(engines, tmp_path):
     loop) and a streamed one, each answer the PyTorch runtime's tokens for its prompt; the engine's name and rows
     in /v1/models and the start-up line."""
     import signal
-    import subprocess
     import sys
-    import threading
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     import openai
+    from serve_support import server_process
 
     root, built = engines
     target, drafter, engine_dir = built["qwen3"]
@@ -314,17 +312,7 @@ def test_the_server_serves_an_engine_with_backend_trt(engines, tmp_path):
         command = [sys.executable, "-m", "tensorrt_llm_dflash.serve", "--engine_dir", str(engine_dir),
                    "--tokenizer_dir", str(tmp_path / "tokenizer"), "--ddtree_budget", "8", "--device", "cpu",
                    "--port", "0", "--log_level", "warning"]
-        process = subprocess.Popen(command, cwd=standin.ROOT, env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any(" at http://" in line for line in lines):
-            assert process.poll() is None, f"the server exited: {process.stderr.read()}"
-            assert time.monotonic() < deadline, "the server did not say where it listens"
-            time.sleep(0.05)
-        ready = next(line for line in lines if " at http://" in line)
+    with server_process(command, env, standin.ROOT) as (process, ready):
         assert "'engine'" in ready and "DFlash DDTree budget 8, TensorRT-LLM engine" in ready
         assert f"max_batch_size {ROWS}" in ready
         client = openai.OpenAI(base_url=ready.rsplit(" at ", 1)[1].strip() + "/v1", api_key="unused", max_retries=0)
@@ -346,10 +334,6 @@ def test_the_server_serves_an_engine_with_backend_trt(engines, tmp_path):
         assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == responses[1].choices[0].text
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
 
 
 # ------------------------------------------------------------------------ run.py

@@ -259,3 +259,21 @@ def tiny_dflash2_drafter(target, block_size: int = 4, seed: int = 0, layers: int
             else:
                 p.uniform_(0.5, 1.5)
     return model.to(target.dtype).eval()
+
+
+def scripted_draft_logits(base: torch.Tensor, wrong: torch.Tensor, decoys: torch.Tensor, truth: torch.Tensor,
+                          vocab: int) -> torch.Tensor:
+    """Draft logits [B, D, V] of the scripted proposers (tests/test_graphed.py, test_batched.py): ``base`` random
+    logits with the known continuation ``truth`` [B, D] (-1: not known) on top, or second behind a decoy where
+    ``wrong`` (a DDTree of two nodes per depth still finds it). Gathers only: nothing is read on the host."""
+    logits = base.clone()
+    known = truth >= 0
+    wrong = wrong & known
+    truth = truth.clamp(min=0)
+    decoy = torch.where(decoys == truth, (truth + 1) % vocab, decoys)
+    high, second = torch.tensor(12.0, dtype=logits.dtype), torch.tensor(11.0, dtype=logits.dtype)
+    at_truth = logits.gather(2, truth[..., None])[..., 0]
+    logits.scatter_(2, truth[..., None], torch.where(known, torch.where(wrong, second, high), at_truth)[..., None])
+    at_decoy = logits.gather(2, decoy[..., None])[..., 0]
+    logits.scatter_(2, decoy[..., None], torch.where(wrong, high, at_decoy)[..., None])
+    return logits
