@@ -42,6 +42,7 @@ from ..dflash2 import ARCHITECTURE, DFlash2Config, DFlash2DraftModel, DFlash2Set
 from ..drafter import DFlashDraftModel, DraftContextCache
 from ..errors import DFlashConfigError
 from .model import OnlineDFlashModel, block_metrics, copyable_anchors, loss_precision, sample_anchors
+from .trainer import check_init_fields
 
 #: What the DFlash2 training CLI takes (and the published drafters use): 2 taps, groups of 16
 #: channels, top-16 candidates. The selector rank follows the hidden size (``suggest_selector_rank``).
@@ -112,13 +113,7 @@ def init_dflash2_from_drafter(drafter: DFlash2DraftModel, source: DFlashDraftMod
     (draft layers, fc, hidden_norm, norm; its reduced draft vocabulary is not used), the
     convolutions and the selector keep :func:`init_dflash2_for_training`'s values; a DFlash2
     drafter gives everything (its DFlash2 settings must match). Returns the tensor names copied."""
-    for name in SHARED_FIELDS:
-        ours, theirs = getattr(drafter.config, name), getattr(source.config, name)
-        if isinstance(ours, (list, tuple)):
-            ours, theirs = list(ours), list(theirs)
-        if ours != theirs:
-            raise DFlashConfigError(f"--init_drafter {path}: its {name} is {theirs!r}, the drafter being trained "
-                                    f"has {ours!r}")
+    check_init_fields(drafter, source, path, SHARED_FIELDS)
     if isinstance(source, DFlash2DraftModel) and source.dflash2 != drafter.dflash2:
         raise DFlashConfigError(f"--init_drafter {path}: its DFlash2 settings {source.dflash2} differ from those of "
                                 f"the drafter being trained, {drafter.dflash2}")

@@ -127,16 +127,21 @@ INIT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_att
                "head_dim", "block_size", "mask_token_id", "target_layer_ids", "vocab_size")
 
 
-def init_from_drafter(drafter: DFlashDraftModel, source: DFlashDraftModel, path: Any) -> None:
-    """Start from an exported drafter's layers (``--init_drafter``): continued training on new
-    data keeps what it learned. The draft vocabulary is the new model's own (a superset)."""
-    for name in INIT_FIELDS:
+def check_init_fields(drafter: Any, source: Any, path: Any, fields: tuple[str, ...]) -> None:
+    """``--init_drafter``: refuse a drafter whose config differs from the one being trained in any of ``fields``."""
+    for name in fields:
         ours, theirs = getattr(drafter.config, name), getattr(source.config, name)
         if isinstance(ours, (list, tuple)):
             ours, theirs = list(ours), list(theirs)
         if ours != theirs:
             raise DFlashConfigError(f"--init_drafter {path}: its {name} is {theirs!r}, the drafter being trained "
                                     f"has {ours!r}")
+
+
+def init_from_drafter(drafter: DFlashDraftModel, source: DFlashDraftModel, path: Any) -> None:
+    """Start from an exported drafter's layers (``--init_drafter``): continued training on new
+    data keeps what it learned. The draft vocabulary is the new model's own (a superset)."""
+    check_init_fields(drafter, source, path, INIT_FIELDS)
     state = {k: v for k, v in source.state_dict().items() if k != "d2t"}
     with torch.no_grad():
         missing, unexpected = drafter.load_state_dict(state, strict=False)
