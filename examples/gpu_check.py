@@ -54,7 +54,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -351,9 +351,29 @@ def method_budget(method: str) -> int | None:
     return {"ar": 0, "chain": 0, "auto": None}.get(name, int(name.partition(":")[2] or 0))
 
 
+#: Top-2 logit gap (the AR reference's, at the first differing token) under which a float32 difference between a
+#: tree verify and a one-token AR step counts as a near-tie flip, not a bug. On a GPU the verify of N rows and the AR
+#: step run different GEMM kernels (cuBLAS picks them by shape), so their float32 logits differ in the last bits;
+#: the first H100 run (benchmarks/gpu_h100) saw one such flip on a random-weight target, where top-2 gaps are small.
+NEAR_TIE_GAP = 1e-3
+
+
+def top2_gap(model: Any, prompt: list[int], reference: list[int], position: int) -> float:
+    """The gap between the two largest logits the target gives the token at ``position`` of ``reference`` (one eager
+    forward over the prompt and the tokens before it)."""
+    ids = torch.tensor([prompt + reference[:position]], device=model.device)
+    with torch.inference_mode():
+        logits = model(input_ids=ids).logits[0, -1].double()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
 def compare(got: GenerationResult, want: GenerationResult, what: str, exact: bool, figures: dict[str, Any],
-            lengths: bool = True, sizes: bool = False) -> None:
-    """Token ids (and acceptance lengths, tree sizes) equal; required when ``exact``, else reported."""
+            lengths: bool = True, sizes: bool = False, tie_gap: Callable[[int], float] | None = None) -> None:
+    """Token ids (and acceptance lengths, tree sizes) equal; required when ``exact``, else reported.
+
+    ``tie_gap`` (comparisons against AR): the reference's top-2 logit gap at a position. A difference whose first
+    token has a gap of at most ``NEAR_TIE_GAP`` is recorded as a near-tie flip (``near_tie_<what>``), not failed."""
     same_ids = got.output_ids == want.output_ids
     same_lengths = not lengths or got.stats.acceptance_lengths == want.stats.acceptance_lengths
     same_sizes = not sizes or got.stats.tree_sizes == want.stats.tree_sizes
@@ -362,6 +382,11 @@ def compare(got: GenerationResult, want: GenerationResult, what: str, exact: boo
         first = next((i for i, (a, b) in enumerate(zip(got.output_ids, want.output_ids)) if a != b),
                      min(len(got.output_ids), len(want.output_ids)))
         figures[f"first_difference_{what}"] = first
+        if tie_gap is not None and first < len(want.output_ids):
+            gap = figures[f"top2_gap_{what}"] = tie_gap(first)
+            if exact and same_lengths and same_sizes and gap <= NEAR_TIE_GAP:
+                figures[f"near_tie_{what}"] = True
+                return
     if exact and not figures[f"equal_{what}"]:
         raise Mismatch(f"differs from {what}: ids {same_ids}, acceptance lengths {same_lengths}, tree sizes "
                        f"{same_sizes} (got {got.output_ids[:12]}... tau {got.stats.acceptance_lengths[:12]}; want "
@@ -408,6 +433,7 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
     """Capture, run graphed (twice: the second is timed), compare with the eager twin and the eager runtime."""
     tag, budget = f"{ctx.tag}/{method}", method_budget(method)
     decoder: GraphedDecoder | None = None
+    captured = 0.0
     with report.check(f"{tag}/capture") as c:
         ctx.needs(ctx.model, ctx.ar)
         drafter = drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids)
@@ -419,16 +445,21 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
         sync(ctx.device)
         c.figures.update(prepare_s=time.perf_counter() - start, capture_s=decoder.capture_seconds,
                          capture_mib=decoder.capture_bytes / 2**20, graphs=len(decoder._graphs) * len(decoder._stage_fns()),
-                         sizes=list(decoder.sizes()), capacity=decoder.capacity)
+                         sizes=list(decoder.sizes()), capacity=decoder.capacity,
+                         windows=sorted({key[2] for key in decoder._graphs}))
         if decoder.policy is not None:
             c.figures["cost_ms"] = [1000 * v for v in decoder.policy.costs.tolist()]
-        if decoder.use_graphs and len(decoder._graphs) != len(decoder.sizes()):
-            raise Mismatch(f"{len(decoder._graphs)} graph sets for {len(decoder.sizes())} sizes")
+        sets = len(decoder.sizes()) * len(decoder.windows_from(decoder._window_needed(1)))  # every size and window
+        if decoder.use_graphs and len(decoder._graphs) != sets:
+            raise Mismatch(f"{len(decoder._graphs)} graph sets for {len(decoder.sizes())} sizes and every window")
+        captured = decoder.capture_seconds
         ctx.decoders[method] = decoder
     graphed: list[GenerationResult] = []
     with report.check(f"{tag}/graphed") as c:
         ctx.needs(decoder)
         graphed = [decoder.generate(ctx.prompt, ctx.new_tokens) for _ in range(2)]
+        if decoder.capture_seconds != captured:  # prepare() captured every shape a request can reach
+            raise Mismatch(f"a request captured graphs ({decoder.capture_seconds - captured:.2f} s) after prepare()")
         out = graphed[1]
         steps = max(out.stats.steps, 1)
         c.figures.update(tok_per_s=tok_per_s(out), tau=tau(out), steps=out.stats.steps,
@@ -436,7 +467,8 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
                          stage_ms_per_step={k: 1000 * out.stats.stage_seconds.get(k, 0.0) / steps
                                             for k in ("draft", "tree_build", "verify", "commit")})
         ctx.results[method] = out
-        compare(out, ctx.ar, "eager_ar", ctx.exact, c.figures, lengths=False)
+        compare(out, ctx.ar, "eager_ar", ctx.exact, c.figures, lengths=False,
+                tie_gap=lambda i: top2_gap(ctx.model, ctx.prompt, ctx.ar.output_ids, i))
     with report.check(f"{tag}/vs-eager-stages") as c:
         ctx.needs(decoder, graphed or None)
         costs = decoder.step_costs("greedy", 1) if decoder.policy is not None else None
@@ -481,6 +513,7 @@ def check_recapture(report: Report, ctx: Context) -> None:
     with report.check(f"{ctx.tag}/recapture-temperature") as c:
         ctx.needs(decoder, ctx.results.get("auto"))
         tables, graphs, captured = policy_tables(decoder), len(decoder._graphs), decoder.capture_seconds
+        new_sets = len(decoder.sizes()) * len(decoder.windows_from(decoder._window_needed(1)))  # every window
         greedy_costs = decoder.policy.costs.tolist()
         decoder.prepare(SAMPLED)
         sync(ctx.device)
@@ -488,8 +521,9 @@ def check_recapture(report: Report, ctx: Context) -> None:
                          sampled_cost_ms=[1000 * v for v in decoder.policy.costs.tolist()])
         if not tables_equal(decoder, tables):
             raise Mismatch("re-preparing for T=0.8 changed the policy's learned tables")
-        if decoder.use_graphs and len(decoder._graphs) != graphs + len(decoder.sizes()):
-            raise Mismatch(f"{len(decoder._graphs) - graphs} new graph sets for {len(decoder.sizes())} sizes")
+        if decoder.use_graphs and len(decoder._graphs) != graphs + new_sets:
+            raise Mismatch(f"{len(decoder._graphs) - graphs} new graph sets for {len(decoder.sizes())} sizes "
+                           f"x {new_sets // len(decoder.sizes())} windows")
         out = decoder.generate(ctx.prompt, ctx.new_tokens, SAMPLED)
         c.figures.update(tau=tau(out), tok_per_s=tok_per_s(out))
         if len(out.output_ids) != ctx.new_tokens or not all(0 <= t < ctx.model.config.vocab_size for t in out.output_ids):
@@ -512,7 +546,8 @@ def check_recapture(report: Report, ctx: Context) -> None:
         out = decoder.generate(longer, ctx.new_tokens)
         c.figures.update(capacity=[before, decoder.capacity], capture_s=decoder.capture_seconds - captured,
                          tau=tau(out))
-        compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False)
+        compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False,
+                tie_gap=lambda i: top2_gap(ctx.model, longer, reference.output_ids, i))
     with report.check(f"{ctx.tag}/prepare-after-growth") as c:
         ctx.needs(decoder)
         decoder.prepare(SAMPLED)  # outside inference mode, on state allocated inside it
@@ -535,7 +570,12 @@ def check_boundary(report: Report, ctx: Context, new: int) -> None:
             c.figures.update(prompt=len(prompt), new=new, block=decoder.path_width, capacity=decoder.capacity,
                              end=decoder.last_past,
                              max_accepted=max(out.stats.acceptance_lengths or [0]))
-            compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False)
+            # The same stages run eagerly must agree exactly (the graphs are what is under test here); against AR a
+            # float32 flip at a near-tie is numerics (see NEAR_TIE_GAP), recorded with its gap.
+            twin = GraphedDecoder(ctx.model, drafter, budget=BOUNDARY_BUDGET, use_graphs=False)
+            compare(out, twin.generate(prompt, new), "eager_stages", ctx.exact, c.figures, sizes=True)
+            compare(out, reference, "eager_ar", ctx.exact, c.figures, lengths=False,
+                    tie_gap=lambda i, p=prompt, r=reference.output_ids: top2_gap(ctx.model, p, r, i))
             decoder.prepare(SAMPLED)  # a capture whose warm-up follows a request that ended at the boundary
             sync(ctx.device)
 

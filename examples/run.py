@@ -62,11 +62,11 @@ def build_parser() -> cli.ArgumentParser:
                     help="cost-aware tree: measure this machine's verify cost curve again and start the acceptance "
                          "calibration from its priors (both are kept between runs: the curve per machine, target and "
                          "drafter, the calibration per target and drafter)")
-    ap.add_argument("--runtime", choices=["eager", "graphed"], default="eager",
-                    help="PyTorch backend: eager (the runtime measured in BENCHMARKS.md) or graphed (static state, "
-                         "each step's stages replayed as CUDA graphs on CUDA, the same code eagerly on CPU; a fixed "
-                         f"--ddtree_budget, default {GRAPHED_DEFAULT_BUDGET} for a drafter: the cost-aware tree is not "
-                         "on this path yet)")
+    ap.add_argument("--runtime", choices=["eager", "graphed"], default=None,
+                    help="PyTorch backend: eager, or graphed (static state, each step's stages replayed as CUDA "
+                         "graphs on CUDA, the same code eagerly on the CPU; with no --ddtree_budget the cost-aware "
+                         "tree runs on the device). Default: graphed on CUDA, where it measured 3.1x the eager "
+                         "runtime (H100, BENCHMARKS.md), eager on the CPU, where eager is the faster")
     ap.add_argument("--temperature", type=cli.number(0.0), default=0.0, help="0 = greedy")
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
@@ -97,21 +97,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.runtime == "graphed":
         if args.backend != "pytorch" or args.draft_type != "dflash":
             cli.refuse(ap, "--runtime", "'graphed' runs the PyTorch backend with a DFlash drafter (or none)")
+        if args.recalibrate:
+            cli.refuse(ap, "--recalibrate", "the eager runtime keeps its cost curve and calibration between runs; "
+                                            "--runtime graphed measures its step costs at every start")
+    args.runtime_given = args.runtime is not None
+    if args.runtime is None:
+        args.runtime = default_runtime(args)
     policy_flags = [f for f, given in (("--max_tree_nodes", args.max_tree_nodes is not None),
                                        ("--no_lookup", args.no_lookup), ("--recalibrate", args.recalibrate)) if given]
     for flag in policy_flags:
         if args.ddtree_budget is not None:
             cli.refuse(ap, flag, "applies to the cost-aware tree, not to a fixed --ddtree_budget")
-        if args.runtime == "graphed":
-            cli.refuse(ap, flag, "applies to the cost-aware tree, which runs with --runtime eager")
         if args.speculative_decoding_mode == "none" or args.draft_type != "dflash":
             cli.refuse(ap, flag, "applies to the cost-aware tree of a DFlash drafter (--draft_type dflash, "
                                  "--speculative_decoding_mode dflash)")
     return args
 
 
-#: --runtime graphed with a drafter and no --ddtree_budget.
-GRAPHED_DEFAULT_BUDGET = 32
+def default_runtime(args: argparse.Namespace) -> str:
+    """graphed on CUDA (the PyTorch backend, a DFlash drafter or none): on an H100 it ran the default cost-aware tree
+    at 376 tok/s against the eager runtime's 120 (BENCHMARKS.md, "On a GPU"); eager elsewhere, and for what only the
+    eager runtime does (--recalibrate; a DFlash2 drafter falls back to it once loaded)."""
+    if args.backend != "pytorch" or args.draft_type != "dflash" or args.recalibrate:
+        return "eager"
+    device = args.device
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "graphed" if str(device).startswith("cuda") else "eager"
+
+
+def graphed_policy_buckets(max_tree_nodes: int | None) -> tuple[int, ...]:
+    """The graphed cost-aware tree's sizes, those of at most ``--max_tree_nodes`` draft nodes (AR, size 1, stays)."""
+    from tensorrt_llm_dflash.graphed import POLICY_BUCKETS
+
+    if max_tree_nodes is None:
+        return POLICY_BUCKETS
+    return tuple(b for b in POLICY_BUCKETS if b <= max(2, max_tree_nodes))
 
 
 def uses_policy(args: argparse.Namespace, proposer: object | None) -> bool:
@@ -217,18 +240,22 @@ def main(argv: list[str] | None = None) -> int:
         warning = low_precision_warning(dtype, proposer is not None)
         if warning:
             print(warning, file=sys.stderr)
-        if args.runtime == "graphed" and args.ddtree_budget is None:
-            default_budget = GRAPHED_DEFAULT_BUDGET
+        if args.runtime == "graphed" and getattr(proposer, "selects_tokens", False):
+            if args.runtime_given:
+                raise DFlashError("--runtime graphed runs DFlash drafters, not DFlash2: use --runtime eager")
+            args.runtime = "eager"  # the default on CUDA; a DFlash2 drafter runs in the eager runtime
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
+        graphed_cost_aware = args.runtime == "graphed" and proposer is not None and args.ddtree_budget is None
         policy = make_policy(args, verifier, proposer) if uses_policy(args, proposer) else None
         generate = speculative_generate
         if args.runtime == "graphed":
             from tensorrt_llm_dflash.graphed import GraphedDecoder
 
-            if getattr(proposer, "selects_tokens", False):
-                raise DFlashError("--runtime graphed runs DFlash drafters, not DFlash2: use --runtime eager")
-
-            decoder = GraphedDecoder(verifier.model, proposer.model if proposer is not None else None, budget=budget)
+            # No --ddtree_budget: the cost-aware tree on the device (budget None), what the benchmark's default is
+            # on CUDA.
+            decoder = GraphedDecoder(verifier.model, proposer.model if proposer is not None else None,
+                                     budget=None if graphed_cost_aware else budget, lookup=not args.no_lookup,
+                                     policy_buckets=graphed_policy_buckets(args.max_tree_nodes))
 
             def generate(_verifier, _proposer, prompt, max_new, sampling, stops, _budget, on_tokens=None,
                          policy=None):
@@ -236,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         if policy is not None:
             mode = f"cost-aware DDTree (<= {policy.config.max_nodes} nodes" + (
                 ", lookup branches)" if policy.config.lookup else ")")
+        elif graphed_cost_aware:
+            mode = (f"cost-aware DDTree (<= {max(decoder.sizes()) - 1} nodes"
+                    + (", lookup branches" if decoder.lookup else "") + "), graphed runtime")
         else:
             mode = ("autoregressive" if proposer is None else
                     "DFlash chain" if budget == 0 else f"DDTree budget {budget}")
@@ -247,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         for text, ids in zip(args.input_text, prompts):
             check_prompt_fits(len(ids), args.max_output_len, int(getattr(verifier, "max_positions", 1 << 30)),
                               text)
+        if args.runtime == "graphed":  # every graph (and step cost) the prompts need, before the first one's clock
+            decoder.reserve(max(len(ids) for ids in prompts), args.max_output_len)
+            decoder.prepare(sampling)
         results.write("running")
         batched = None
         if args.backend == "trt" and verifier.rows > 1:  # the engine's rows: one step loop, results in prompt order
@@ -286,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"\n[{mode}] {text!r}\n{text_out}")
             stage = ", ".join(f"{k} {v:.2f}s" for k, v in stats.stage_seconds.items() if v > 0)
             chosen = ""
-            if policy is not None and stats.steps:
+            if (policy is not None or graphed_cost_aware) and stats.steps:
                 chosen = (f"; mean tree {sum(stats.tree_sizes) / stats.steps - 1:.1f} draft nodes, drafted on "
                           f"{sum(stats.drafted)}/{stats.steps} steps, {stats.lookup_tokens} tokens from lookup only")
             print(f"\n-- {stats.new_tokens} tokens in {elapsed:.2f}s ({stats.tokens_per_second:.1f} tok/s), "

@@ -535,7 +535,7 @@ def _graphed_decoder(ctx: BenchContext, method: Method) -> Any:
             if ctx.drafter is None:
                 raise BenchError(f"{method.label} needs a drafter (--draft_model_dir)")
             drafter = ctx.drafter
-        budget = {"ddtree-graph": method.param, "auto-graph": None}.get(method.kind, 0)
+        budget = {"ddtree-graph": method.param, "auto-graph": None, "default": None}.get(method.kind, 0)
         decoder = GraphedDecoder(ctx.model, drafter, budget=budget,
                                  capacity=ctx.max_new_tokens + CAPACITY_PROMPT_ALLOWANCE)
         decoder.sampling = ctx.sampling
@@ -557,7 +557,16 @@ def run_graphed(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: 
     seconds = time.perf_counter() - t0
     stats = result.stats
     return RequestRecord(0, result.output_ids, seconds, list(stats.acceptance_lengths), dict(stats.stage_seconds),
-                         result.finish_reason, list(stats.tree_sizes))
+                         result.finish_reason, list(stats.tree_sizes), drafted=list(stats.drafted),
+                         lookup_tokens=stats.lookup_tokens)
+
+
+def run_default(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
+    """What ``examples/run.py`` does with no decoding flags: the cost-aware tree in the graphed runtime on CUDA
+    (``auto-graph``), in the eager runtime elsewhere (``auto``), as its ``--runtime`` default chooses."""
+    if ctx.model.device.type == "cuda":
+        return run_graphed(ctx, method, prompt_ids, seed)
+    return run_runtime(ctx, method, prompt_ids, seed)
 
 
 def _describe_graphed(method: Method) -> str:
@@ -603,7 +612,8 @@ def _default_max_nodes() -> int:
 def _describe_auto(method: Method) -> str:
     nodes = method.param if method.param is not None else _default_max_nodes()
     return (f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes, the DFlash drafter "
-            "(examples/run.py with no decoding flags)" if method.kind == "default" else
+            "(examples/run.py with no decoding flags: the eager runtime on the CPU, the graphed one on CUDA)"
+            if method.kind == "default" else
             f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes")
 
 
@@ -618,7 +628,7 @@ _BUILTIN["auto-graph"] = MethodKind(run_graphed, no_param("auto-graph"), build_p
                                     describe=_describe_graphed)
 _BUILTIN["auto"] = MethodKind(run_runtime, _optional_int("auto", "the largest tree (draft nodes)", 1, 1023),
                               build_proposer=_dflash_proposer, make_policy=_auto_policy, describe=_describe_auto)
-_BUILTIN["default"] = MethodKind(run_runtime, no_param("default"), build_proposer=_dflash_proposer,
+_BUILTIN["default"] = MethodKind(run_default, no_param("default"), build_proposer=_dflash_proposer,
                                  make_policy=_auto_policy, describe=_describe_auto)
 for _name, _kind in _BUILTIN.items():
     register_method(_name, _kind)

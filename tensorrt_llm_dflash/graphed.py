@@ -334,6 +334,16 @@ class GraphedDecoder:
             window *= 2
         return min(window, self.capacity)
 
+    def windows_from(self, first: int, last: int | None = None) -> list[int]:
+        """Every attention window from ``window_for(first)`` to ``window_for(last)`` (default: the capacity), in
+        the order a growing row passes through them: the shapes to capture before a request, not during it."""
+        window, end = self.window_for(first), self.window_for(self.capacity if last is None else last)
+        windows = [window]
+        while window < end:
+            window = min(2 * window, self.capacity)
+            windows.append(window)
+        return windows
+
     def bucket_for(self, rows: int) -> int:
         """The smallest batch bucket of at least ``rows`` rows."""
         return next(b for b in self.batch_buckets if b >= rows)
@@ -655,22 +665,27 @@ class GraphedDecoder:
     # in-place updates (warm-up, timing) only inside it.
     @torch.inference_mode()
     def prepare(self, sampling: SamplingParams | None = None, buckets: Sequence[int] | None = None,
-                window: int | None = None) -> None:
+                windows: Sequence[int] | None = None) -> None:
         """Capture every size's graphs for the sampling class of ``sampling`` (default: the current setting) at each
-        batch bucket (default: all) and ``window`` (default: what the rows in flight need) now, instead of at the
-        first step that needs them; with the policy, also measure each bucket's step costs for that class, unless
-        ``policy_costs`` gave them. Rows in flight and the policy's learned tables are left as they were."""
+        batch bucket (default: all) and each of ``windows`` (default: every window from what the rows in flight need
+        up to the capacity) now, instead of at the first step that needs them; with the policy, also measure each
+        bucket's step costs for that class, unless ``policy_costs`` gave them. Rows in flight and the policy's
+        learned tables are left as they were.
+
+        Every window by default: on the H100 a request that reached a window not captured yet paid its capture
+        inside the request (0.1-0.5 s for the cost-aware tree's sizes; benchmarks/gpu_h100, issue 35)."""
         if sampling is not None:
             self.sampling = sampling
         kind = sampling_kind([self.sampling])
         for bucket in buckets or self.batch_buckets:
-            shape_window = window or self._window_needed(bucket)
-            for size in self.sizes():
-                with self._shape(bucket, size, shape_window, kind):
-                    if self.use_graphs and self._key() not in self._graphs:
-                        self._graphs[self._key()] = self._capture()
+            shape_windows = list(windows) if windows else self.windows_from(self._window_needed(bucket))
+            for shape_window in shape_windows:
+                for size in self.sizes():
+                    with self._shape(bucket, size, shape_window, kind):
+                        if self.use_graphs and self._key() not in self._graphs:
+                            self._graphs[self._key()] = self._capture()
             if self.policy is not None:
-                with self._shape(bucket, self.nodes, shape_window, kind):
+                with self._shape(bucket, self.nodes, shape_windows[0], kind):
                     costs = self.step_costs(kind, bucket)
                 if bucket == 1:
                     self.policy.set_costs([c for size, c in zip(self.sizes(), costs) if size >= 2])
@@ -828,7 +843,9 @@ class GraphedDecoder:
         if generator is None and not sampling.greedy:
             generator = torch.Generator(device=self.device)
             generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
-        self.prepare(sampling, buckets=(1,), window=self.window_for(len(prompt) + self.span))
+        # Every window this request passes through is captured before its prefill, none in the step loop.
+        self.prepare(sampling, buckets=(1,), windows=self.windows_from(len(prompt) + self.span,
+                                                                      len(prompt) + max_new_tokens + self.span))
         stops = {int(t) for t in stop_token_ids}
         stats = GenerationStats()
         stats.stage_seconds = dict.fromkeys(STAGES, 0.0)
@@ -843,6 +860,7 @@ class GraphedDecoder:
                 stats.steps += 1
                 stats.acceptance_lengths.append(len(result.tokens))
                 stats.tree_sizes.append(result.tree_size)
+                stats.drafted.append(result.tree_size > 1)
                 stats.lookup_tokens += result.lookup_tokens
                 done = output.emit(result.tokens)
         finally:

@@ -822,3 +822,30 @@ def test_cli_benchmarks_a_dflash2_drafter(tiny_pair, tmp_path, capsys):
     doc = bench.read_results(out / "results.json")
     assert doc["all_outputs_match"] is True and doc["output_reference"] == "ar"
     assert all(m["new_tokens"] == 16 for m in doc["methods"].values())
+
+
+def test_default_runs_what_run_py_runs_on_each_device(monkeypatch):
+    """``default`` is run.py's default: the graphed cost-aware tree on CUDA, the eager one elsewhere."""
+    import types
+
+    import torch
+
+    calls: list[str] = []
+    monkeypatch.setattr(bench, "run_graphed", lambda ctx, method, prompt, seed: calls.append("graphed"))
+    monkeypatch.setattr(bench, "run_runtime", lambda ctx, method, prompt, seed: calls.append("eager"))
+    for kind in ("cuda", "cpu"):
+        bench.run_default(types.SimpleNamespace(model=types.SimpleNamespace(device=torch.device(kind))), None, [1], 0)
+    assert calls == ["graphed", "eager"]
+
+
+def test_auto_graph_reports_drafted_steps_and_lookup_tokens(tiny_pair, tmp_path):
+    """The graphed cost-aware tree's records carry what the eager one's do: which steps drafted, lookup-only tokens."""
+    target, drafter = tiny_pair
+    methods = bench.parse_methods(["ar", "auto-graph"])
+    ctx = bench.BenchContext(target, 12, SamplingParams(), drafter=drafter)
+    records = bench.run_benchmark(ctx, methods, tiny_prompts(tmp_path), progress=False)
+    summary = bench.summarize(records, methods, greedy=True)
+    assert summary["all_outputs_match"] is True, bench.mismatch_lines(summary)
+    auto = summary["methods"]["auto-graph"]
+    assert 0 < auto["drafted_step_share"] <= 1 and 0 <= auto["lookup_token_share"] <= 1
+    assert all(len(r.drafted) == len(r.acceptance_lengths) for r in records["auto-graph"])

@@ -70,6 +70,7 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
         assert checks[f"{tag}/recapture-longer-prompt"]["figures"]["equal_eager_ar"] is True
         assert checks[f"{tag}/sampled-vs-eager-stages"]["figures"]["equal_eager_stages_T0.8"] is True
         assert all(checks[f"{tag}/compaction-boundary-{kind}"]["figures"]["equal_eager_ar"] is True
+                   and checks[f"{tag}/compaction-boundary-{kind}"]["figures"]["equal_eager_stages"] is True
                    for kind in ("drafter", "oracle"))
         for method in ("ar", "ddtree:32", "auto"):  # four rows of one decoder, each equal to its solo run
             batch = checks[f"{tag}/batch{module.BATCH_ROWS}-{method}"]["figures"]
@@ -124,6 +125,35 @@ def test_compare_requires_equality_only_where_exact():
         module.compare(_result([1, 2, 3], [1, 2]), _result([1, 2, 3], [2, 1]), "x", True, figures)
     module.compare(_result([1, 2, 4], [1, 2]), _result([1, 2, 3], [1, 2]), "y", False, figures)  # reported only
     assert figures["equal_y"] is False and figures["first_difference_y"] == 2
+
+
+def test_a_float32_difference_from_ar_passes_only_at_a_near_tie():
+    """Against AR the check asks the reference's top-2 logit gap at the first differing token: at most NEAR_TIE_GAP
+    (kernels of other shapes rounding differently) is recorded as a near-tie flip; a wider gap is a bug and fails."""
+    module = load_gpu_check()
+    got, want = _result([1, 2, 4], [1, 1, 1]), _result([1, 2, 3], [1, 1, 1])
+    asked: list[int] = []
+    figures: dict = {}
+    module.compare(got, want, "eager_ar", True, figures, lengths=False,
+                   tie_gap=lambda i: asked.append(i) or module.NEAR_TIE_GAP / 10)
+    assert asked == [2] and figures["near_tie_eager_ar"] is True and figures["equal_eager_ar"] is False
+    assert figures["top2_gap_eager_ar"] == pytest.approx(module.NEAR_TIE_GAP / 10)
+    with pytest.raises(module.Mismatch, match="differs from eager_ar"):
+        module.compare(got, want, "eager_ar", True, {}, lengths=False, tie_gap=lambda i: 0.5)
+    with pytest.raises(module.Mismatch):  # no tie test asked for (graphed against the same stages eagerly): strict
+        module.compare(got, want, "eager_stages", True, {})
+
+
+def test_top2_gap_reads_the_targets_logits_at_the_position():
+    from tiny_models import tiny_target
+
+    module = load_gpu_check()
+    model = tiny_target("llama", seed=3, dtype=torch.float64)
+    prompt, reference = [3, 5, 7], [9, 11, 13]
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt + reference[:2]])).logits[0, -1]
+    top = torch.topk(logits, 2).values
+    assert module.top2_gap(model, prompt, reference, 2) == pytest.approx(float(top[0] - top[1]))
 
 
 def test_the_oracle_drafts_the_known_continuation_on_the_device():

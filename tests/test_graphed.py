@@ -470,6 +470,52 @@ def test_timing_keeps_the_fastest_repeat(monkeypatch):
     assert decoder._time_step(1, 1, repeats=3) == pytest.approx(0.2)
 
 
+def test_prepare_captures_every_window_a_row_can_reach(monkeypatch):
+    """prepare() captures each size at every attention window up to the capacity, so no request pays a capture: on the
+    H100 the windows first reached inside a request cost 0.1-0.5 s each there (benchmarks/gpu_h100, issue 35)."""
+    model = tiny_target("qwen3", seed=4, max_positions=2048)
+    drafter = tiny_drafter(model, block_size=6, seed=2, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=None, policy_buckets=(2, 4), capacity=4 * CAPACITY_STEP)
+    captured: list[tuple] = []
+    decoder.use_graphs = True  # the capture itself needs CUDA: record the shapes it is asked for instead
+    monkeypatch.setattr(decoder, "_capture", lambda: captured.append(decoder._key()) or object())
+    monkeypatch.setattr(decoder, "_time_step", lambda bucket, size, repeats=5: 1e-3)
+    decoder.prepare()
+    windows = {key[2] for key in captured}
+    assert windows == {CAPACITY_STEP, 2 * CAPACITY_STEP, 4 * CAPACITY_STEP}
+    assert {key[1] for key in captured} == set(decoder.sizes()) and len(captured) == 3 * len(decoder.sizes())
+    for past in range(decoder.capacity - decoder.span + 1):  # every step a row of this capacity can take
+        assert decoder.window_for(past + decoder.span) in windows, past
+
+
+def test_a_request_prepares_every_window_it_passes_through(monkeypatch):
+    """generate() captures, before its prefill, each window its row will reach as it grows: a prompt that starts in
+    the first window and ends in the second steps only through shapes prepared before the first step."""
+    model = tiny_target("llama", seed=5, max_positions=2048)
+    drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
+    decoder = GraphedDecoder(model, drafter, budget=3, capacity=2 * CAPACITY_STEP)
+    prepared: set[int] = set()
+    stepped: list[int] = []
+    real_prepare, real_run_step = decoder.prepare, decoder._run_step
+
+    def prepare(*args, **kwargs):
+        prepared.update(kwargs.get("windows") or [w for w in [kwargs.get("window")] if w])
+        return real_prepare(*args, **kwargs)
+
+    def run_step(stage_seconds):
+        if decoder.requests:  # a request's step, not a throwaway timing one
+            stepped.append(decoder.window)
+        return real_run_step(stage_seconds)
+
+    monkeypatch.setattr(decoder, "prepare", prepare)
+    monkeypatch.setattr(decoder, "_run_step", run_step)
+    prompt = [int(t) for t in np.random.default_rng(5).integers(2, 64, CAPACITY_STEP - 20)]
+    out = decoder.generate(prompt, 40)
+    assert out.output_ids == hf_greedy(model, prompt, 40)
+    assert set(stepped) == {CAPACITY_STEP, 2 * CAPACITY_STEP}  # the row crossed into the second window
+    assert set(stepped) <= prepared
+
+
 @pytest.mark.parametrize("budget", [None, 3])
 def test_prepare_after_a_generate_that_grew_the_capacity(budget):
     """generate() allocates a larger state under inference mode; prepare() (for a new sampling setting) must still
