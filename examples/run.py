@@ -128,13 +128,14 @@ def default_runtime(args: argparse.Namespace) -> str:
     return "graphed" if str(device).startswith("cuda") else "eager"
 
 
-def graphed_policy_buckets(max_tree_nodes: int | None) -> tuple[int, ...]:
-    """The graphed cost-aware tree's sizes, those of at most ``--max_tree_nodes`` draft nodes (AR, size 1, stays)."""
-    from tensorrt_llm_dflash.graphed import POLICY_BUCKETS
+def graphed_policy_buckets(max_tree_nodes: int | None, device: str = "cuda") -> tuple[int, ...]:
+    """The graphed cost-aware tree's sizes on ``device``, those of at most ``--max_tree_nodes`` nodes (AR stays)."""
+    from tensorrt_llm_dflash.device_policy import default_policy_buckets
 
+    sizes = default_policy_buckets(device)
     if max_tree_nodes is None:
-        return POLICY_BUCKETS
-    return tuple(b for b in POLICY_BUCKETS if b <= max(2, max_tree_nodes))
+        return sizes
+    return tuple(b for b in sizes if b <= max(2, max_tree_nodes))
 
 
 def uses_policy(args: argparse.Namespace, proposer: object | None) -> bool:
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             # on CUDA.
             decoder = GraphedDecoder(verifier.model, proposer.model if proposer is not None else None,
                                      budget=None if graphed_cost_aware else budget, lookup=not args.no_lookup,
-                                     policy_buckets=graphed_policy_buckets(args.max_tree_nodes))
+                                     policy_buckets=graphed_policy_buckets(args.max_tree_nodes,
+                                                                           str(verifier.model.device)))
 
             def generate(_verifier, _proposer, prompt, max_new, sampling, stops, _budget, on_tokens=None,
                          policy=None):

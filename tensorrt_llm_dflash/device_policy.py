@@ -45,8 +45,17 @@ from .policy import DRAFT_EDGES, LOOKUP_EDGES
 #: Tree sizes (root included) the policy may choose between: one CUDA graph each (per batch bucket); 1 is a plain
 #: AR step (no draft), chosen where no tree pays for itself at the batch's own cost.
 POLICY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-#: The policy's first tree size, before any step has told it better.
+#: The same on a CPU, with 15 for 16: there the verify's 4..15-row GEMMs run blocked (``target.BlockedLinear``) and a
+#: 16-row verify cost 127 ms against 114 ms for 15 rows on the 2-core EPYC, which steered the policy to 4 and 8 nodes
+#: where the eager runtime's picks 15 (BENCHMARKS.md, "Serving").
+CPU_POLICY_BUCKETS = (1, 2, 4, 8, 15, 32, 64)
+#: The policy's first tree size, before any step has told it better (the middle drafted size where it is not one).
 POLICY_START = 16
+
+
+def default_policy_buckets(device: torch.device | str) -> tuple[int, ...]:
+    """The tree sizes the cost-aware tree chooses between on ``device`` (one CUDA graph set each on a GPU)."""
+    return POLICY_BUCKETS if torch.device(device).type == "cuda" else CPU_POLICY_BUCKETS
 
 
 class DevicePolicy:
@@ -101,6 +110,28 @@ class DevicePolicy:
         """Copy learned tables back in place (same addresses: captured graphs keep reading them)."""
         for name in self.LEARNED:
             getattr(self, name).copy_(state[name])
+
+    def seed_counts(self, draft: dict, lookup: dict) -> None:
+        """Start from acceptance counts learned before (``policy.Calibrator.state()`` of the eager runtime's saved
+        calibration: the same bins) instead of the priors alone. A ValueError, and nothing changed, if they were made
+        for other bins or rows."""
+        parts = ((self.hits, self.trials, self.prior, self.table, DRAFT_EDGES, draft),
+                 (self.lookup_hits, self.lookup_trials, self.lookup_prior, self.lookup_table, LOOKUP_EDGES, lookup))
+        loaded = []
+        for hits, trials, _, _, edges, state in parts:
+            if [float(e) for e in state["edges"]] != [float(e) for e in edges]:
+                raise ValueError("calibration bins differ")
+            new_hits = torch.tensor(state["hits"], dtype=torch.float64, device=hits.device)
+            new_trials = torch.tensor(state["trials"], dtype=torch.float64, device=hits.device)
+            if new_hits.shape != hits.shape or new_trials.shape != trials.shape:
+                raise ValueError(f"calibration rows differ: {tuple(new_hits.shape)} != {tuple(hits.shape)}")
+            if not (torch.isfinite(new_trials).all() and (new_hits >= 0).all() and (new_hits <= new_trials + 1e-9).all()):
+                raise ValueError("calibration counts out of range")
+            loaded.append((new_hits, new_trials))
+        for (hits, trials, prior, table, _, _), (new_hits, new_trials) in zip(parts, loaded):
+            hits.copy_(new_hits)
+            trials.copy_(new_trials)
+            table.copy_(torch.cummax((hits + self.strength * prior) / (trials + self.strength), dim=1).values)
 
     def set_costs(self, seconds: Sequence[float]) -> None:
         self.costs.copy_(torch.tensor([float(s) for s in seconds], dtype=torch.float64))

@@ -42,6 +42,7 @@ that replays stay deterministic under a seed).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ import torch
 
 from .decode import STAGES, GenerationResult, GenerationStats, OutputStream, _single_prompt
 from .device_lookup import Grafted, graft_device, lookup_device
-from .device_policy import POLICY_BUCKETS, POLICY_START, DevicePolicy, SizeChooser
+from .device_policy import POLICY_START, DevicePolicy, SizeChooser, default_policy_buckets
 from .device_tree import (
     DeviceTree,
     build_chain_device,
@@ -62,7 +63,7 @@ from .device_tree import (
 )
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
-from .policy import PolicyConfig
+from .policy import PolicyConfig, models_calibration_path
 from .sampling import SamplingParams
 from .static_state import StaticDrafter, StaticTarget
 from .target import check_prompt_fits, max_positions
@@ -200,13 +201,16 @@ class GraphedDecoder:
 
     def __init__(self, target_model: Any, drafter: Any | None = None, *, budget: int | None = 0,
                  use_graphs: bool | None = None, batch: int = 1, capacity: int = CAPACITY_STEP,
-                 policy_buckets: Sequence[int] = POLICY_BUCKETS,
+                 policy_buckets: Sequence[int] | None = None,
                  policy_costs: Sequence[float] | Callable[[int, int], float] | None = None,
                  lookup: bool = True, refine_costs: bool = True) -> None:
         self.model = target_model
         self.lookup_config = PolicyConfig(lookup=bool(lookup))
         self.drafter_model = drafter
         self.budget = None if budget is None else validate_budget(budget)
+        self.device = target_model.device
+        if policy_buckets is None:
+            policy_buckets = default_policy_buckets(self.device)
         self.policy_buckets = tuple(sorted({int(b) for b in policy_buckets}))
         self.policy_costs = policy_costs if callable(policy_costs) or policy_costs is None else \
             [float(c) for c in policy_costs]
@@ -215,7 +219,6 @@ class GraphedDecoder:
         self.refine_costs = bool(refine_costs)
         self.batch = int(batch)
         self.batch_buckets = batch_buckets(self.batch)
-        self.device = target_model.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else bool(use_graphs)
         if self.use_graphs and self.device.type != "cuda":
             raise DFlashInputError(f"use_graphs=True needs a CUDA device, the target is on {self.device}")
@@ -230,6 +233,28 @@ class GraphedDecoder:
         self._events: list[Any] = []
         self._pending_timing: tuple[list[str], dict[str, float]] | None = None
         self._build(capacity)
+        self.seeded_from: str | None = None
+        self._seed_calibration()
+
+    def _seed_calibration(self) -> None:
+        """Start the cost-aware tree from the acceptance calibration the eager runtime keeps for this target and
+        drafter (``policy.calibration_path``; the same bins), when there is one. From the priors alone, lookup nodes
+        sit at a flat 0.5 per node, rarely win a place in the tree and so are rarely learned: on copy-heavy prompts
+        the graphed tree's tau was half the eager one's (BENCHMARKS.md, "Serving"). A file made for another drafter
+        shape, or damaged, is ignored (the priors, as with no file)."""
+        if self.policy is None or not isinstance(self.drafter_model, DFlashDraftModel):
+            return
+        try:
+            path = models_calibration_path(self.model, self.drafter_model)
+            state = json.loads(path.read_text())
+            if (state.get("block_size") != self.proposer.block_size
+                    or state.get("lookup_tokens") != self.lookup_config.lookup_tokens):
+                return
+            greedy = next(parts for key, parts in state["temperatures"].items() if float(key) == 0.0)
+            self.policy.seed_counts(greedy["draft"], greedy["lookup"])
+        except (OSError, ValueError, KeyError, TypeError, StopIteration):
+            return
+        self.seeded_from = str(path)
 
     # ------------------------------------------------------------------ state
 

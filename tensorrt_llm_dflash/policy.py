@@ -292,8 +292,19 @@ def calibration_path(target: Any, proposer: Any | None) -> Path | None:
         if isinstance(model, torch.nn.Module):
             parts += [type(owner).__name__, str(getattr(owner, "dtype", "")),
                       str(getattr(owner, "block_size", "")), _weights_digest(model)]
-    if not parts:
-        return None
+    return _calibration_file(parts) if parts else None
+
+
+def models_calibration_path(target_model: torch.nn.Module, drafter_model: torch.nn.Module) -> Path:
+    """:func:`calibration_path` of the eager runtime's verifier and DFlash proposer for these two models, without
+    building them: the graphed runtime starts from the same file (tested equal to the eager runtime's path)."""
+    drafter_dtype = next(drafter_model.parameters()).dtype
+    return _calibration_file(["HFTargetVerifier", str(target_model.dtype), "", _weights_digest(target_model),
+                              "DFlashProposer", str(drafter_dtype), str(drafter_model.config.block_size),
+                              _weights_digest(drafter_model)])
+
+
+def _calibration_file(parts: list[str]) -> Path:
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
     return cost_cache_dir().parent / "calibration" / f"{key}.json"
 

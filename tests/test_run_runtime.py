@@ -12,7 +12,7 @@ from example_cli import load_example
 from tiny_dirs import save_tiny_target_dir
 from tiny_models import tiny_drafter
 
-from tensorrt_llm_dflash.graphed import POLICY_BUCKETS
+from tensorrt_llm_dflash.device_policy import CPU_POLICY_BUCKETS, POLICY_BUCKETS
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,11 @@ def test_graphed_refuses_recalibrate_by_name(run, capsys):
 
 
 def test_max_tree_nodes_bounds_the_graphed_sizes(run):
-    assert run.graphed_policy_buckets(None) == POLICY_BUCKETS
-    assert run.graphed_policy_buckets(16) == tuple(b for b in POLICY_BUCKETS if b <= 16)
-    assert run.graphed_policy_buckets(1) == (1, 2)  # at least one drafted size
+    assert run.graphed_policy_buckets(None, "cuda") == POLICY_BUCKETS
+    assert run.graphed_policy_buckets(None, "cpu") == CPU_POLICY_BUCKETS
+    assert run.graphed_policy_buckets(16, "cuda") == tuple(b for b in POLICY_BUCKETS if b <= 16)
+    assert run.graphed_policy_buckets(16, "cpu") == (1, 2, 4, 8, 15)
+    assert run.graphed_policy_buckets(1, "cpu") == (1, 2)  # at least one drafted size
     assert run.parse_args(["--runtime", "graphed", "--max_tree_nodes", "16"]).max_tree_nodes == 16
 
 
