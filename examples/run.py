@@ -162,6 +162,7 @@ def build_pytorch(args: argparse.Namespace):
     import torch
 
     from tensorrt_llm_dflash.assets import DEMO_DDTREE_BUDGET, resolve_drafter_dir
+    from tensorrt_llm_dflash.decode import stop_ids
     from tensorrt_llm_dflash.dflash2 import check_drafter_dir, load_drafter, proposer_for_target
     from tensorrt_llm_dflash.target import HFTargetVerifier, load_target, target_dims
 
@@ -182,9 +183,7 @@ def build_pytorch(args: argparse.Namespace):
     else:
         layer_ids = []
     verifier = HFTargetVerifier(model, layer_ids)
-    stops = model.generation_config.eos_token_id
-    stops = [] if stops is None else (list(stops) if isinstance(stops, (list, tuple)) else [stops])
-    return verifier, proposer, tokenizer, stops, DEMO_DDTREE_BUDGET
+    return verifier, proposer, tokenizer, stop_ids(model.generation_config.eos_token_id), DEMO_DDTREE_BUDGET
 
 
 def encode(tokenizer, text: str, chat: bool) -> list[int]:

@@ -536,8 +536,9 @@ def _graphed_decoder(ctx: BenchContext, method: Method) -> Any:
                 raise BenchError(f"{method.label} needs a drafter (--draft_model_dir)")
             drafter = ctx.drafter
         budget = {"ddtree-graph": method.param, "auto-graph": None, "default": None}.get(method.kind, 0)
+        # From the priors, as the eager methods' policies start here: a run does not depend on earlier ones.
         decoder = GraphedDecoder(ctx.model, drafter, budget=budget,
-                                 capacity=ctx.max_new_tokens + CAPACITY_PROMPT_ALLOWANCE)
+                                 capacity=ctx.max_new_tokens + CAPACITY_PROMPT_ALLOWANCE, seed_calibration=False)
         decoder.sampling = ctx.sampling
         decoder.prepare()
         ctx._decoders[method.label] = decoder
@@ -1171,8 +1172,9 @@ def _save(fig: Any, path: Path) -> Path:
 
 def stop_token_ids(model: Any) -> list[int]:
     """The target's EOS ids from its generation config (as examples/run.py uses them)."""
-    stops = model.generation_config.eos_token_id
-    return [] if stops is None else [int(t) for t in (stops if isinstance(stops, (list, tuple)) else [stops])]
+    from .decode import stop_ids
+
+    return stop_ids(model.generation_config.eos_token_id)
 
 
 def check_drafter_fits(drafter: Any, model: Any) -> None:

@@ -168,6 +168,13 @@ def draft_tree(root: int, draft_logits: torch.Tensor, budget: int, max_depth: in
     return build_ddtree(root, *top_marginals(logits, budget), budget)
 
 
+def stop_ids(eos_token_id: Any) -> list[int]:
+    """A model's or tokenizer's ``eos_token_id`` (None, one id, or a list of them) as the stop ids every runtime takes."""
+    if eos_token_id is None:
+        return []
+    return [int(t) for t in (eos_token_id if isinstance(eos_token_id, (list, tuple)) else [eos_token_id])]
+
+
 def _single_prompt(prompt_ids: Any) -> list[int]:
     """A flat token list; a batch of more than one prompt is refused."""
     if isinstance(prompt_ids, torch.Tensor):

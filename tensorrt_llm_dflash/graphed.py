@@ -196,14 +196,16 @@ class GraphedDecoder:
     CUDA and is always False on the CPU, where the same stage functions run eagerly.
 
     What the policy learned survives a re-capture and a larger capacity; the throwaway steps of warm-up and
-    timing never teach it. Step costs are timed per sampling class and batch bucket.
+    timing never teach it. Step costs are timed per sampling class and batch bucket. With ``seed_calibration``
+    the policy starts from the acceptance calibration the eager runtime saved for this target and drafter, if any
+    (``policy_buckets`` default: :func:`~.device_policy.default_policy_buckets` of the target's device).
     """
 
     def __init__(self, target_model: Any, drafter: Any | None = None, *, budget: int | None = 0,
                  use_graphs: bool | None = None, batch: int = 1, capacity: int = CAPACITY_STEP,
                  policy_buckets: Sequence[int] | None = None,
                  policy_costs: Sequence[float] | Callable[[int, int], float] | None = None,
-                 lookup: bool = True, refine_costs: bool = True) -> None:
+                 lookup: bool = True, refine_costs: bool = True, seed_calibration: bool = True) -> None:
         self.model = target_model
         self.lookup_config = PolicyConfig(lookup=bool(lookup))
         self.drafter_model = drafter
@@ -234,7 +236,8 @@ class GraphedDecoder:
         self._pending_timing: tuple[list[str], dict[str, float]] | None = None
         self._build(capacity)
         self.seeded_from: str | None = None
-        self._seed_calibration()
+        if seed_calibration:
+            self._seed_calibration()
 
     def _seed_calibration(self) -> None:
         """Start the cost-aware tree from the acceptance calibration the eager runtime keeps for this target and

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .compat import CACHE_KWARG
+from .decode import stop_ids
 from .errors import DFlashConfigError
 from .files import unpacked
 from .target import HFTargetVerifier
@@ -569,6 +570,4 @@ def build_run_pytorch(args: Any) -> tuple[HFTargetVerifier, LoRAInjectProposer |
         verifier, proposer = HFTargetVerifier(model, []), None
     else:
         verifier, proposer = build_lora_inject_proposer(model, draft_dir)
-    stops = model.generation_config.eos_token_id
-    stops = [] if stops is None else (list(stops) if isinstance(stops, (list, tuple)) else [stops])
-    return verifier, proposer, tokenizer, stops, DEFAULT_DDTREE_BUDGET
+    return verifier, proposer, tokenizer, stop_ids(model.generation_config.eos_token_id), DEFAULT_DDTREE_BUDGET

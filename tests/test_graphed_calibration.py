@@ -59,6 +59,8 @@ def test_a_saved_calibration_seeds_the_device_tables_and_output_stays_exact(pair
     assert float(decoder.policy.lookup_trials.sum()) > 0  # the eager run verified lookup nodes
     assert not torch.equal(decoder.policy.lookup_table, decoder.policy.lookup_prior)
     assert decoder.generate(prompt, 24).output_ids == hf_greedy(model, prompt, 24)
+    unseeded = GraphedDecoder(model, drafter, budget=None, seed_calibration=False)  # the benchmark's: from the priors
+    assert unseeded.seeded_from is None and torch.equal(unseeded.policy.lookup_table, unseeded.policy.lookup_prior)
 
 
 def test_no_file_or_a_damaged_one_leaves_the_priors(pair):

@@ -180,6 +180,7 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
 
     from ..assets import resolve_drafter_dir
     from ..config import DFlashDraftConfig
+    from ..decode import stop_ids
     from ..drafter import load_dflash_drafter
     from ..target import load_target, target_dims
 
@@ -195,9 +196,7 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
     if draft_dir is not None:
         drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=device)
         drafter.config.validate_for_target(**target_dims(model))
-    stops = model.generation_config.eos_token_id
-    stops = [] if stops is None else (list(stops) if isinstance(stops, (list, tuple)) else [stops])
-    return model, drafter, tokenizer, [int(s) for s in stops]
+    return model, drafter, tokenizer, stop_ids(model.generation_config.eos_token_id)
 
 
 def load_engine(args: argparse.Namespace) -> tuple[Any, Any, list[int]]:
@@ -205,14 +204,13 @@ def load_engine(args: argparse.Namespace) -> tuple[Any, Any, list[int]]:
     from tensorrt_llm._utils import mpi_rank
     from transformers import AutoTokenizer
 
+    from ..decode import stop_ids
     from ..trtllm.serve_runner import EngineServeRunner
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
     runner = EngineServeRunner(args.engine_dir, ddtree_budget=args.ddtree_budget, max_batch=args.max_batch_size,
                                max_model_len=args.max_model_len, device=args.device, rank=mpi_rank())
-    eos = getattr(tokenizer, "eos_token_id", None)
-    stops = [] if eos is None else (list(eos) if isinstance(eos, (list, tuple)) else [eos])
-    return runner, tokenizer, [int(s) for s in stops]
+    return runner, tokenizer, stop_ids(getattr(tokenizer, "eos_token_id", None))
 
 
 def default_model_name(args: argparse.Namespace) -> str:

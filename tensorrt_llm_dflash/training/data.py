@@ -37,6 +37,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..compat import CACHE_KWARG, chat_token_ids, output_cache
+from ..decode import stop_ids as eos_stop_ids
 from ..errors import DFlashConfigError, DFlashInputError
 from ..files import atomic_torch_save, atomic_write_json, remove_stale_temporaries
 from .datasets import (
@@ -216,9 +217,9 @@ class _ShardWriter:
 
 
 def stop_and_pad_ids(model: Any) -> tuple[set[int], int]:
-    stop_ids = {int(t) for t in _as_list(model.generation_config.eos_token_id)}
+    stops = set(eos_stop_ids(model.generation_config.eos_token_id))
     pad = model.generation_config.pad_token_id
-    return stop_ids, int(pad if pad is not None else min(stop_ids))
+    return stops, int(pad if pad is not None else min(stops))
 
 
 def _length_windows(items: list[Any], length: Any, batch_size: int) -> list[Any]:
@@ -585,7 +586,3 @@ def load_distillation_data(data_dir: str | Path, with_final_hidden: bool = False
     return sequences
 
 
-def _as_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    return list(value) if isinstance(value, (list, tuple)) else [value]

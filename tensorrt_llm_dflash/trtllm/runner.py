@@ -66,6 +66,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..decode import stop_ids
 from ..dflash2.selector import SelectorDraft
 from ..errors import DFlashConfigError, DFlashInputError
 from ..sampling import SamplingParams
@@ -701,9 +702,6 @@ def build_trt_runtime(args: Any, rows: int = 1) -> tuple[DFlashEngineTarget, Eng
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
     target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None), rows=rows)
-    stops: list[int] = []
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if eos is not None:
-        stops = list(eos) if isinstance(eos, (list, tuple)) else [int(eos)]
+    stops = stop_ids(getattr(tokenizer, "eos_token_id", None))
     default_budget = max_draft_len if max_draft_len > chain_len else 0
     return target, EngineProposer(target), tokenizer, stops, default_budget
