@@ -133,7 +133,7 @@ def guarantee(dtype_name: Any) -> str:
     name = canonical_dtype(dtype_name)
     if name in EXACT_DTYPES:
         return (f"{name}: greedy speculative output equals the target's own greedy output token for "
-                "token (tested)")
+                "token (tested on the CPU; on a CUDA GPU up to near-ties of the top-2 logits, see README)")
     return (f"{name}: greedy speculative output is not guaranteed to equal {name} greedy AR output: "
             "the multi-token verify pass rounds differently from a one-token step, so outputs can "
             "diverge where the top-2 logits nearly tie (use float32 for exact output)")
