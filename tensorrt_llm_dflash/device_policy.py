@@ -40,7 +40,7 @@ import torch
 
 from .device_lookup import DeviceBranches, Grafted
 from .device_tree import DeviceTree
-from .policy import DRAFT_EDGES, LOOKUP_EDGES
+from .policy import DRAFT_EDGES, LOOKUP_EDGES, Calibrator
 
 #: Tree sizes (root included) the policy may choose between: one CUDA graph each (per batch bucket); 1 is a plain
 #: AR step (no draft), chosen where no tree pays for itself at the batch's own cost.
@@ -114,24 +114,18 @@ class DevicePolicy:
     def seed_counts(self, draft: dict, lookup: dict) -> None:
         """Start from acceptance counts learned before (``policy.Calibrator.state()`` of the eager runtime's saved
         calibration: the same bins) instead of the priors alone. A ValueError, and nothing changed, if they were made
-        for other bins or rows."""
+        for other bins or rows (``Calibrator.load_state`` checks them)."""
         parts = ((self.hits, self.trials, self.prior, self.table, DRAFT_EDGES, draft),
                  (self.lookup_hits, self.lookup_trials, self.lookup_prior, self.lookup_table, LOOKUP_EDGES, lookup))
         loaded = []
-        for hits, trials, _, _, edges, state in parts:
-            if [float(e) for e in state["edges"]] != [float(e) for e in edges]:
-                raise ValueError("calibration bins differ")
-            new_hits = torch.tensor(state["hits"], dtype=torch.float64, device=hits.device)
-            new_trials = torch.tensor(state["trials"], dtype=torch.float64, device=hits.device)
-            if new_hits.shape != hits.shape or new_trials.shape != trials.shape:
-                raise ValueError(f"calibration rows differ: {tuple(new_hits.shape)} != {tuple(hits.shape)}")
-            if not (torch.isfinite(new_trials).all() and (new_hits >= 0).all() and (new_hits <= new_trials + 1e-9).all()):
-                raise ValueError("calibration counts out of range")
-            loaded.append((new_hits, new_trials))
-        for (hits, trials, prior, table, _, _), (new_hits, new_trials) in zip(parts, loaded):
-            hits.copy_(new_hits)
-            trials.copy_(new_trials)
-            table.copy_(torch.cummax((hits + self.strength * prior) / (trials + self.strength), dim=1).values)
+        for hits, _, _, _, edges, state in parts:
+            calibrator = Calibrator(hits.shape[0], edges)
+            calibrator.load_state(state)
+            loaded.append(calibrator)
+        for (hits, trials, prior, table, _, _), calibrator in zip(parts, loaded):
+            hits.copy_(torch.as_tensor(calibrator.hits, dtype=torch.float64))
+            trials.copy_(torch.as_tensor(calibrator.trials, dtype=torch.float64))
+            self._refresh(hits, trials, prior, table)
 
     def set_costs(self, seconds: Sequence[float]) -> None:
         self.costs.copy_(torch.tensor([float(s) for s in seconds], dtype=torch.float64))
@@ -223,6 +217,9 @@ class DevicePolicy:
         trials.mul_(self.decay)
         hits.view(-1).scatter_add_(0, flat, accepted.reshape(-1).to(hits.dtype))
         trials.view(-1).scatter_add_(0, flat, offered.reshape(-1).to(trials.dtype))
+        self._refresh(hits, trials, prior, table)
+
+    def _refresh(self, hits: torch.Tensor, trials: torch.Tensor, prior: torch.Tensor, table: torch.Tensor) -> None:
         raw = (hits + self.strength * prior) / (trials + self.strength)
         table.copy_(torch.cummax(raw, dim=1).values)  # a better score (marginal, longer match) never rates lower
 
