@@ -17,6 +17,9 @@ complete; the server's own first-token time is recorded too), per-request tokens
 over its latency, queueing included), tau. At
 temperature 0 every answer is compared with AR's answer to the same prompt at the same concurrency, and
 each method's answers across concurrencies; in float32/float64 a difference is an error (exit code 1).
+Before the servers start, ``examples/benchmark.py --methods ar default`` decodes the same prompts
+in-process, alone (what ``examples/run.py`` runs, at the same settings): its speedup is the one the
+server's concurrency 1 is held against (``--no_runpy_reference`` skips it; --url skips it too).
 Writes one JSON file and prints a table. The clients run on the same machine as the server and take
 some of its CPU.
 """
@@ -89,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--server_timeout", type=cli.integer(1), default=DEFAULT_SERVER_TIMEOUT,
                         help="seconds to wait for a server to be ready")
     ap.add_argument("--no_warmup", action="store_true", help="no untimed request before the first level")
+    ap.add_argument("--no_runpy_reference", action="store_true",
+                    help="skip the in-process run of run.py's runtime (ar and default) on the same prompts")
     ap.add_argument("--output_json", type=cli.output_file, default="bench_serve.json")
     args = ap.parse_args(argv)
     for method in args.methods:
@@ -310,6 +315,43 @@ def server_flags(args: argparse.Namespace, method: str) -> list[str]:
     return [*flags, *method_flags(method)]
 
 
+def runpy_reference(prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
+    """``examples/benchmark.py --methods ar default`` on the same prompts and settings, in its own process, alone on
+    the machine: run.py's tokens/s and speedup, the figures the server at concurrency 1 is compared with."""
+    import json
+
+    with tempfile.TemporaryDirectory(prefix="bench_serve_runpy.") as tmp:
+        dataset = Path(tmp) / "prompts.jsonl"
+        dataset.write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in prompts), encoding="utf-8")
+        out = Path(tmp) / "out"
+        command = [sys.executable, str(ROOT / "examples" / "benchmark.py"), "--dataset", str(dataset),
+                   "--methods", "ar", "default", "--max_output_len", str(args.max_tokens),
+                   "--temperature", str(args.temperature), "--seed", str(args.seed), "--dtype", args.dtype,
+                   "--no_progress", "--output_dir", str(out)]
+        for name in ("target_model_dir", "draft_model_dir", "device", "threads"):
+            value = getattr(args, name)
+            if value is not None:
+                command += [f"--{name}", str(value)]
+        print("run.py's runtime in-process (examples/benchmark.py --methods ar default):", flush=True)
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        results_file = out / "results.json"
+        if done.returncode not in (0, 1) or not results_file.is_file():  # 1: an output differs from AR (reported)
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise DFlashError(f"the run.py reference run failed (exit {done.returncode}):\n{tail}")
+        results = json.loads(results_file.read_text())
+    methods = results["methods"]
+    ar, default = methods["ar"]["tokens_per_second"], methods["default"]["tokens_per_second"]
+    reference = {
+        "command": " ".join(command[1:]).replace(str(dataset), "<the same prompts>").replace(str(out), "<tmp>"),
+        "default_resolves_to": methods["default"].get("resolves_to"),
+        "ar_tokens_per_second": ar, "default_tokens_per_second": default,
+        "speedup": default / ar if ar else None, "tau": methods["default"].get("tau_mean"),
+        "all_outputs_match": results.get("all_outputs_match"),
+    }
+    print(f"  AR {ar:.1f} tok/s, default {default:.1f} tok/s: {fmt(reference['speedup'], '.2f')}x", flush=True)
+    return reference
+
+
 def served_model(url: str) -> str:
     import httpx
 
@@ -331,13 +373,17 @@ def bench_method(url: str, prompts: list[BenchPrompt], args: argparse.Namespace)
     return {"model": model, "levels": levels}
 
 
-def compare(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    """Speedups against AR, and at temperature 0 whether answers equal AR's and stay equal across concurrency.
+def compare(results: dict[str, Any], args: argparse.Namespace, reference: dict[str, Any] | None = None) -> list[str]:
+    """Speedups against AR (and the default's at concurrency 1 against run.py's ``reference``), and at temperature 0
+    whether answers equal AR's and stay equal across concurrency.
 
     Returns the differences that fail the run (float32/float64 at temperature 0)."""
     from tensorrt_llm_dflash.precision import is_exact
 
     problems: list[str] = []
+    if reference is not None and reference["all_outputs_match"] is False and args.temperature == 0 \
+            and is_exact(args.dtype):
+        problems.append("the run.py reference: an output differs from AR")
     greedy = args.temperature == 0
     for method, data in results.items():
         levels = data["levels"]
@@ -350,6 +396,9 @@ def compare(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
                 ar = results["ar"]["levels"][c]
                 base = ar["summary"]["total_tokens_per_second"]
                 summary["speedup_vs_ar"] = summary["total_tokens_per_second"] / base if base else None
+                if reference is not None and c == "1" and method == "default" and summary["speedup_vs_ar"] \
+                        and reference["speedup"]:
+                    summary["speedup_vs_runpy_speedup"] = summary["speedup_vs_ar"] / reference["speedup"]
                 if greedy:
                     ar_texts = [r["text"] for r in ar["requests"]]
                     same = sum(a == b for a, b in zip(texts[c], ar_texts))
@@ -369,8 +418,13 @@ def fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table(results: dict[str, Any]) -> str:
-    lines = ["| method | concurrency | requests | total tok/s | vs AR | TTFT mean (s) | TTFT p90 (s) | "
+def table(results: dict[str, Any], reference: dict[str, Any] | None = None) -> str:
+    lines = []
+    if reference is not None:
+        lines += [f"run.py's runtime in-process on the same prompts: AR {reference['ar_tokens_per_second']:.1f} tok/s, "
+                  f"default {reference['default_tokens_per_second']:.1f} tok/s ({fmt(reference['speedup'], '.2f')}x, "
+                  f"tau {fmt(reference['tau'], '.2f')})", ""]
+    lines += ["| method | concurrency | requests | total tok/s | vs AR | TTFT mean (s) | TTFT p90 (s) | "
              "per-request tok/s | tau | answers == AR |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, data in results.items():
@@ -380,6 +434,10 @@ def table(results: dict[str, Any]) -> str:
                          f"{fmt(s.get('speedup_vs_ar'), '.2f')} | {fmt(s['ttft_mean_seconds'], '.2f')} | "
                          f"{fmt(s['ttft_p90_seconds'], '.2f')} | {fmt(s['request_tokens_per_second_mean'], '.1f')} | "
                          f"{fmt(s['tau'], '.2f')} | {s.get('outputs_equal_ar', '-')} |")
+    one = results.get("default", {}).get("levels", {}).get("1", {}).get("summary", {})
+    if reference is not None and one.get("speedup_vs_runpy_speedup") is not None:
+        lines += ["", f"concurrency 1: the server's default makes {one['speedup_vs_ar']:.2f}x AR, run.py's runtime "
+                      f"{reference['speedup']:.2f}x ({one['speedup_vs_runpy_speedup']:.2f} of it)"]
     return "\n".join(lines)
 
 
@@ -395,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
             "settings": {k: v for k, v in vars(args).items()},
             "machine": machine_info(args.threads), "git_commit": git_commit(),
             "prompts": [asdict(p) for p in prompts], "servers": {}, "results": {}}
+        reference = None
+        if args.url is None and not args.no_runpy_reference:
+            reference = report["runpy_reference"] = runpy_reference(prompts, args)
         for method in args.methods:
             print(f"{method}:", flush=True)
             if args.url is not None:
@@ -408,14 +469,14 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 server.stop()
             log.unlink(missing_ok=True)
-        problems = compare(report["results"], args)
+        problems = compare(report["results"], args, reference)
         report["problems"] = problems
         atomic_write_json(args.output_json, report)
     except DFlashError as err:
         cli.print_error(err)
         return 2
     print()
-    print(table(report["results"]))
+    print(table(report["results"], reference))
     print(f"\nwrote {args.output_json}")
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)

@@ -67,6 +67,13 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
         summary = report["results"]["default"]["levels"][c]["summary"]
         assert summary["outputs_equal_ar"] == "4/4" and summary["speedup_vs_ar"] > 0 and summary["tau"] >= 1
     assert "| default | 3 | 4 |" in printed and "| ar | 1 | 4 |" in printed
+    # run.py's runtime on the same prompts, in-process: the speedup concurrency 1 is held against.
+    reference = report["runpy_reference"]
+    assert reference["all_outputs_match"] is True and reference["default_resolves_to"]
+    assert reference["ar_tokens_per_second"] > 0 and reference["default_tokens_per_second"] > 0
+    one = report["results"]["default"]["levels"]["1"]["summary"]
+    assert one["speedup_vs_runpy_speedup"] == pytest.approx(one["speedup_vs_ar"] / reference["speedup"])
+    assert "run.py's runtime in-process on the same prompts" in printed and "concurrency 1: the server's" in printed
 
 
 def test_the_benchmark_measures_a_running_server(bench, tmp_path, capsys):
@@ -78,7 +85,9 @@ def test_the_benchmark_measures_a_running_server(bench, tmp_path, capsys):
         rc = bench.main(["--url", live.url, "--methods", "tiny", "--datasets", str(prompts), "--concurrency", "2",
                          "--max_tokens", "6", "--no_warmup", "--output_json", str(out)])
         assert rc == 0, capsys.readouterr()
-        level = json.loads(out.read_text())["results"]["tiny"]["levels"]["2"]
+        report = json.loads(out.read_text())
+        assert "runpy_reference" not in report  # a server started elsewhere: its settings are not known here
+        level = report["results"]["tiny"]["levels"]["2"]
         assert level["summary"]["requests"] == 3 and level["summary"]["completion_tokens"] == 18
     finally:
         live.close()

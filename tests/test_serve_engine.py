@@ -264,3 +264,72 @@ def test_stopping_answers_everything_in_flight_with_503(started):
         assert isinstance(final, Failed) and final.status == 503 and "shutting down" in final.message
     with pytest.raises(EngineStopped):
         engine.submit(request("late"), events.on("late"))
+
+
+def test_run_steps_on_the_calling_thread_and_a_second_start_is_refused():
+    runner = ScriptedRunner(max_batch=1)
+    stepped_on: set[int] = set()
+    step = runner.step
+    runner.step = lambda: (stepped_on.add(threading.get_ident()), step())[1]
+    engine = Engine(runner, TOKENIZER, max_queue=1)
+    ready = threading.Event()
+    thread = threading.Thread(target=engine.run, kwargs={"ready": ready.set})
+    thread.start()
+    try:
+        assert ready.wait(30) and engine.alive
+        with pytest.raises(RuntimeError, match="started already"):
+            engine.start()
+        events = Collector()
+        engine.submit(request("a"), events.on("a"))
+        events.wait(["a"])
+        assert isinstance(events.final("a"), Finished)
+    finally:
+        engine.stop()
+        thread.join(30)
+    assert not thread.is_alive() and stepped_on == {thread.ident}
+
+
+def test_the_server_builds_the_model_and_steps_it_on_one_thread(monkeypatch):
+    """``serve``'s start_model_thread: the thread that built the runner runs the step loop (Engine.run says why)."""
+    import argparse
+
+    from tensorrt_llm_dflash.serve import __main__ as serve_main
+
+    seen: dict[str, set[int]] = {"build": set(), "step": set()}
+
+    class Recording(ScriptedRunner):
+        def step(self):
+            seen["step"].add(threading.get_ident())
+            return super().step()
+
+    def build(args, manage_engine=True):
+        assert manage_engine is False, "the model thread runs the engine: the app must not start another thread"
+        seen["build"].add(threading.get_ident())
+        return "app", Engine(Recording(max_batch=2), TOKENIZER, max_queue=4)
+
+    monkeypatch.setattr(serve_main, "build_server", build)
+    app, engine = serve_main.start_model_thread(argparse.Namespace())
+    try:
+        assert app == "app" and engine.alive  # taking requests when it returns
+        events = Collector()
+        for name in ("a", "b", "c"):
+            engine.submit(request(name), events.on(name))
+        events.wait(["a", "b", "c"])
+        assert all(isinstance(events.final(name), Finished) for name in ("a", "b", "c"))
+    finally:
+        engine.stop()
+    assert len(seen["build"]) == 1 and seen["step"] == seen["build"]
+    assert threading.get_ident() not in seen["build"]
+
+
+def test_a_failing_model_build_is_raised_to_the_caller(monkeypatch):
+    import argparse
+
+    from tensorrt_llm_dflash.serve import __main__ as serve_main
+
+    def build(args, manage_engine=True):
+        raise DFlashInputError("argument --draft_model_dir: no such drafter")
+
+    monkeypatch.setattr(serve_main, "build_server", build)
+    with pytest.raises(DFlashInputError, match="--draft_model_dir"):
+        serve_main.start_model_thread(argparse.Namespace())

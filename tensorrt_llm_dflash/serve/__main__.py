@@ -17,8 +17,10 @@ import argparse
 import copy
 import importlib.util
 import logging
+import queue
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -224,8 +226,9 @@ def default_model_name(args: argparse.Namespace) -> str:
     return path.stem if path.is_file() else path.name
 
 
-def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(FastAPI app, engine): models loaded, the runner built and measured; the engine starts with the app."""
+def build_server(args: argparse.Namespace, manage_engine: bool = True) -> tuple[Any, Any]:
+    """(FastAPI app, engine): models loaded, the runner built and measured; with ``manage_engine`` the engine starts
+    and stops with the app, on a thread of its own."""
     from .api import ServerSettings, create_app
     from .engine import Engine
     from .runner import DecoderSpec, graphed_rows
@@ -238,8 +241,30 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
         runner = graphed_rows(spec, args.max_batch_size, args.max_model_len)
     # Two tokenizers: a fast tokenizer is not safe to share between the event loop and the engine thread.
     engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=args.max_queue)
-    app = create_app(engine, ServerSettings(default_model_name(args), frozenset(eos), tokenizer))
+    app = create_app(engine, ServerSettings(default_model_name(args), frozenset(eos), tokenizer),
+                     manage_engine=manage_engine)
     return app, engine
+
+
+def start_model_thread(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(app, engine), the engine taking requests: one thread loads the model, builds the runner and then runs the
+    engine's step loop, so that all tensor work stays on the thread that began it (:meth:`.engine.Engine.run` says
+    why that matters on a CPU). What the build raises is raised here; the caller stops the engine."""
+    built: queue.Queue[tuple[Any, Any] | BaseException] = queue.Queue(maxsize=1)
+
+    def model_thread() -> None:
+        try:
+            app, engine = build_server(args, manage_engine=False)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread, which reports it
+            built.put(err)
+            return
+        engine.run(ready=lambda: built.put((app, engine)))
+
+    threading.Thread(target=model_thread, name="dflash-model", daemon=True).start()
+    result = built.get()
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             args.dtype, args.speculative_decoding_mode == "dflash")
         if warning:
             print(warning, file=sys.stderr)
-        app, engine = build_server(args)
+        app, engine = start_model_thread(args)
         sock.listen(2048)
         bound_host, bound_port = sock.getsockname()[:2]
         print(f"serving {default_model_name(args)!r} ({engine.runner.description}; max_batch_size "
@@ -269,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             # uvicorn shuts down cleanly on Ctrl-C (the engine answers what is still in flight), then re-raises the
             # signal; stopping a server that way is the normal way, not an error.
             print("server stopped", flush=True)
+        finally:
+            engine.stop()  # after uvicorn's graceful shutdown: whatever is still in the engine gets a 503
     except DFlashError as err:
         cli.print_error(err)
         return 2

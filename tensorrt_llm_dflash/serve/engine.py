@@ -149,17 +149,38 @@ class Engine:
         return self.metrics.value("committed_tokens_total") / steps if steps else 0.0
 
     def start(self) -> None:
-        if self._thread is not None:
-            raise RuntimeError("the engine was started already")
-        self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
+        """Run the step loop on a thread of its own (tests, and apps that built the model on their main thread)."""
+        with self._cond:
+            if self._thread is not None:
+                raise RuntimeError("the engine was started already")
+            self._thread = threading.Thread(target=self._loop, name="dflash-engine", daemon=True)
         self._thread.start()
+
+    def run(self, ready: Callable[[], None] | None = None) -> None:
+        """Run the step loop on the calling thread until :meth:`stop`; ``ready()`` is called once the engine takes
+        requests (before the first step).
+
+        The server calls this on the thread that loaded the model and built the runner, so that one thread
+        does all of the CPU's tensor work. With GNU OpenMP (torch's CPU backend) every thread that runs
+        parallel ops keeps a pool of workers; once the pools hold more threads than the machine has CPUs,
+        libgomp's workers stop spinning between parallel regions and sleep instead, and every small GEMM pays
+        a wake-up: a decode step on a 2-core CPU ran 15-25% slower on a second thread than on the one that
+        had built the model (2026-11-27, AMD EPYC, 2 torch threads).
+        """
+        with self._cond:
+            if self._thread is not None:
+                raise RuntimeError("the engine was started already")
+            self._thread = threading.current_thread()
+        if ready is not None:
+            ready()
+        self._loop()
 
     def stop(self, timeout: float | None = 60.0) -> None:
         """Stop after the current step; every request still queued or running gets ``Failed(503)``."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     def submit(self, request: GenerationRequest, on_event: Callable[[Event], None]) -> None:
