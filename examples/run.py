@@ -139,9 +139,10 @@ def graphed_policy_buckets(max_tree_nodes: int | None, device: str = "cuda") -> 
 
 
 def uses_policy(args: argparse.Namespace, proposer: object | None) -> bool:
-    """The default: a DFlash drafter with no fixed --ddtree_budget runs the cost-aware tree (eager runtime)."""
+    """The default: a DFlash (or DFlash2) drafter with no fixed --ddtree_budget runs the cost-aware tree (eager
+    runtime; over a DFlash2 drafter it sizes the selector's own tree)."""
     return (proposer is not None and args.ddtree_budget is None and args.draft_type == "dflash"
-            and args.runtime == "eager" and not getattr(proposer, "selects_tokens", False))  # DFlash2: its tree
+            and args.runtime == "eager")
 
 
 def make_policy(args: argparse.Namespace, verifier: object, proposer: object):
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                          policy=None):
                 return decoder.generate(prompt, max_new, sampling, stops, on_tokens=on_tokens)
         if policy is not None:
-            mode = f"cost-aware DDTree (<= {policy.config.max_nodes} nodes" + (
+            tree_kind = "DFlash2 tree" if getattr(proposer, "selects_tokens", False) else "DDTree"
+            mode = f"cost-aware {tree_kind} (<= {policy.config.max_nodes} nodes" + (
                 ", lookup branches)" if policy.config.lookup else ")")
         elif graphed_cost_aware:
             mode = (f"cost-aware DDTree (<= {max(decoder.sizes()) - 1} nodes"

@@ -217,11 +217,6 @@ def speculative_generate(
     if bad:
         raise DFlashInputError(f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{target.vocab_size - 1}")
     stops = {int(t) for t in stop_token_ids}
-    if policy is not None and getattr(proposer, "selects_tokens", False):
-        raise DFlashInputError(
-            "the cost-aware tree ranks a drafter's marginals, and this drafter (DFlash2) chooses its own tokens: "
-            "give a fixed ddtree_budget (0 = its chain, B >= 1 = its tree)"
-        )
     generator = make_generator(sampling, target.device)
     stats = GenerationStats()
     timer = _Timer(stats, target.synchronize)

@@ -4,11 +4,13 @@ DDTree pops nodes in non-increasing path probability, and the expected acceptanc
 of the top-n tree is 1 + the sum of their path probabilities. Those probabilities have to
 be *acceptance* probabilities, and verifying n nodes has a price, so each step:
 
-1. **candidates**: the DDTree of the drafter's marginals (a pool of ``max_nodes``) plus
+1. **candidates**: the DDTree of the drafter's marginals (a pool of ``max_nodes``; a DFlash2
+   drafter's own tree over its selector's conditionals, :mod:`.dflash2.tree`) plus
    prompt-lookup branches (:mod:`.lookup`) grafted under the root, sharing nodes where the
    tokens agree (:class:`.tree.CandidateTree`);
-2. **calibrate**: every candidate's conditional probability is mapped to an acceptance
-   probability learned online from what the target actually chose (:class:`Calibrator`);
+2. **calibrate**: every candidate's draft probability (DDTree: its marginal; DFlash2: q of its
+   token given its parent's) is mapped to an acceptance probability learned online from what
+   the target actually chose (:class:`Calibrator`);
 3. **choose n**: the n that maximises expected committed tokens per second,
    ``(1 + sum of the top-n values) / (step overhead + draft + verify(n + 1))``, with the
    verify cost from a measured curve (:class:`CostModel`); n = 0 is a plain AR step;
@@ -520,8 +522,9 @@ class CostAwarePolicy:
             return False
         return True
 
-    def plan(self, root: int, draft_logits: torch.Tensor | None, context: np.ndarray, max_depth: int) -> StepPlan:
-        """The tree to verify after ``root`` (the newest token, last in ``context``)."""
+    def plan(self, root: int, draft_logits: Any | None, context: np.ndarray, max_depth: int) -> StepPlan:
+        """The tree to verify after ``root`` (the newest token, last in ``context``); ``draft_logits``: the drafter's
+        [block - 1, V] logits, or a draft that builds its own tree (DFlash2's ``SelectorDraft``)."""
         draft_cal, lookup_cal = self._calibration()
         pool, draft_marginal = self._drafter_pool(root, draft_logits, max_depth)
         draft_rows = np.full(pool.num_nodes, -1)
@@ -565,13 +568,20 @@ class CostAwarePolicy:
             lookup_scores=np.asarray([lookup_scores.get(int(i), 0) for i in kept]),
         )
 
-    def _drafter_pool(self, root: int, draft_logits: torch.Tensor | None,
+    def _drafter_pool(self, root: int, draft_logits: Any | None,
                       max_depth: int) -> tuple[CandidateTree, np.ndarray]:
-        """The DDTree candidate pool and each node's marginal probability under the drafter."""
+        """The drafter's candidate pool and each node's draft probability (the calibrator's score)."""
         budget = min(self.config.max_nodes, self._pool)
         if draft_logits is None or max_depth <= 0 or budget == 0:
             tree = build_ddtree(root, np.zeros((0, 0)), np.zeros((0, 0), dtype=np.int64), 0)
             return CandidateTree.from_tree(tree, [1.0], DRAFTER), np.ones(1)
+        if getattr(draft_logits, "selects_tokens", False):
+            # DFlash2: its own best-first tree (a child's probability depends on its parent's token), scored by
+            # q(token | parent). Its path probabilities are products of those, as DDTree's are of marginals, so
+            # the ranking below keeps every prefix of a chosen node, and the top path is the selector's chain.
+            tree = draft_logits.build_tree(root, budget, max_depth)
+            conditional = draft_logits.node_conditionals(tree)
+            return CandidateTree.from_tree(tree, conditional, DRAFTER), conditional
         values, tokens = top_marginals(draft_logits[:max_depth], budget)
         tree = build_ddtree(root, values, tokens, budget)
         marginal = np.ones(tree.num_nodes)

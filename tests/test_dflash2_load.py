@@ -212,11 +212,6 @@ def test_non_finite_weights_are_refused(saved):
         load_dflash2_drafter(saved)
 
 
-RUN_PY = Path(__file__).resolve().parents[1] / "examples" / "run.py"
-
-
-@pytest.mark.skipif("check_drafter_dir" not in RUN_PY.read_text(),
-                    reason="examples/run.py's DFlash2 dispatch hunk is not in this tree (see docs/dflash2.md)")
 def test_runpy_refuses_a_malformed_dflash2_dir_before_loading_the_target(saved, monkeypatch, capsys):
     from example_cli import load_example
 

@@ -24,7 +24,7 @@ def _scoring_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class DFlash2Proposer:
-    #: The drafts choose their own tokens (the cost-aware policy ranks marginals; it cannot run these).
+    #: The drafts choose their own tokens: the decode loop and the cost-aware policy ask them for their tree.
     selects_tokens = True
 
     def __init__(self, model: DFlash2DraftModel, embed_tokens: nn.Module, lm_head: nn.Module) -> None:

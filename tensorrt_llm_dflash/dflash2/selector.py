@@ -58,6 +58,9 @@ class SelectorDraft:
     predecessor_codebook: torch.Tensor
     #: Set by a sampled chain (T > 0): the q row each draft token was drawn from, for :meth:`accept`.
     sampled_q: list[torch.Tensor] | None = field(default=None, repr=False)
+    #: :func:`conditional_rows` already computed, by (depth, predecessor): the tree build and the policy's scores
+    #: read the same rows.
+    _rows: dict[tuple[int, int], tuple[list[float], list[int]]] = field(default_factory=dict, repr=False)
 
     #: The decode loop asks such a draft for its tree instead of ranking marginals itself.
     selects_tokens = True
@@ -101,6 +104,15 @@ class SelectorDraft:
         self.sampled_q = None
         return build_dflash2_tree(root, self, budget, max_depth)
 
+    def node_conditionals(self, tree: DraftTree) -> np.ndarray:
+        """q(token | the parent's token) of every node of a tree built from this draft (1 at the root): what the
+        cost-aware policy calibrates into acceptance probabilities, as it does DDTree's marginals."""
+        out = np.ones(tree.num_nodes)
+        for i in range(1, tree.num_nodes):
+            logq, tokens = conditional_rows(self, int(tree.depths[i]), int(tree.tokens[tree.parents[i]]))
+            out[i] = np.exp(logq[tokens.index(int(tree.tokens[i]))])
+        return out
+
     def accept(self, tree: DraftTree, node_logits: torch.Tensor, sampling: SamplingParams,
                generator: torch.Generator | None) -> tuple[list[int], int] | None:
         """Rejection sampling of a sampled chain against the sparse q (None: use the target's walk).
@@ -142,9 +154,12 @@ def conditional_rows(draft: SelectorDraft, depth: int, predecessor: int) -> tupl
     """log q(. | predecessor) at ``depth`` (1-based) sorted non-increasing (ties: candidate order),
     and the tokens, as ``tree.best_first_tree`` takes them. Float64, so the tree is the same
     whatever device scored it."""
-    scores = draft.scores(depth - 1, predecessor).to(torch.float64).cpu().numpy()
-    logq = scores - np.logaddexp.reduce(scores)
-    # Ranked by the scores themselves (the greedy chain's argmax), so the first child is the greedy
-    # choice even where subtracting the normaliser rounds two scores to one log-probability.
-    order = np.argsort(-scores, kind="stable")
-    return logq[order].tolist(), draft.tokens[depth - 1].cpu().numpy()[order].tolist()
+    key = (int(depth), int(predecessor))
+    if key not in draft._rows:
+        scores = draft.scores(depth - 1, predecessor).to(torch.float64).cpu().numpy()
+        logq = scores - np.logaddexp.reduce(scores)
+        # Ranked by the scores themselves (the greedy chain's argmax), so the first child is the greedy
+        # choice even where subtracting the normaliser rounds two scores to one log-probability.
+        order = np.argsort(-scores, kind="stable")
+        draft._rows[key] = (logq[order].tolist(), draft.tokens[depth - 1].cpu().numpy()[order].tolist())
+    return draft._rows[key]
