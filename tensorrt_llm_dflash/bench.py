@@ -612,7 +612,7 @@ def _default_max_nodes() -> int:
 
 def _describe_auto(method: Method) -> str:
     nodes = method.param if method.param is not None else _default_max_nodes()
-    return (f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes, the DFlash drafter "
+    return (f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes, the drafter "
             "(examples/run.py with no decoding flags: the eager runtime on the CPU, the graphed one on CUDA)"
             if method.kind == "default" else
             f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes")
