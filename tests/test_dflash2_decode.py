@@ -71,17 +71,21 @@ GREEDY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("arch,seed,vocab,plen,block,n,budget,kind", GREEDY_CASES)
-def test_greedy_equals_target_greedy(arch, seed, vocab, plen, block, n, budget, kind):
+def greedy_case(arch: str, seed: int, vocab: int, plen: int, block: int, n: int, kind: str):
+    """(target, prompt, its greedy AR continuation, proposer, target layer ids) of one float64 case."""
     model = cached_target(arch, seed=seed, vocab=vocab)
     prompt = make_prompt(seed, plen, vocab)
     ar = reference_ar(model, prompt, n)
     if kind == "drafter":
         drafter = tiny_dflash2_drafter(model, block_size=block, seed=seed, layers=1 + seed % 2,
                                        layout=("nested", "flat")[seed % 2])
-        proposer, layer_ids = DFlash2Proposer.for_target(drafter, model), list(drafter.config.target_layer_ids)
-    else:
-        proposer, layer_ids = OracleSelectorProposer(prompt + ar, block, vocab, seed, noise=0.3), [1, 3]
+        return model, prompt, ar, DFlash2Proposer.for_target(drafter, model), list(drafter.config.target_layer_ids)
+    return model, prompt, ar, OracleSelectorProposer(prompt + ar, block, vocab, seed, noise=0.3), [1, 3]
+
+
+@pytest.mark.parametrize("arch,seed,vocab,plen,block,n,budget,kind", GREEDY_CASES)
+def test_greedy_equals_target_greedy(arch, seed, vocab, plen, block, n, budget, kind):
+    model, prompt, ar, proposer, layer_ids = greedy_case(arch, seed, vocab, plen, block, n, kind)
     verifier = CheckedVerifier(model, layer_ids, check_cache=seed == 0)
     result = speculative_generate(verifier, proposer, prompt, n, ddtree_budget=budget)
     assert result.output_ids == ar[:n]
@@ -248,14 +252,7 @@ POLICY_CASES = [
 @pytest.mark.parametrize("arch,seed,vocab,plen,block,n,costs,kind", POLICY_CASES)
 def test_cost_aware_policy_over_dflash2_equals_target_greedy(arch, seed, vocab, plen, block, n, costs, kind):
     """The cost-aware tree sizes DFlash2's own tree (and grafts lookup branches onto it): still AR's output."""
-    model = cached_target(arch, seed=seed, vocab=vocab)
-    prompt = make_prompt(seed, plen, vocab)
-    ar = reference_ar(model, prompt, n)
-    if kind == "drafter":
-        drafter = tiny_dflash2_drafter(model, block_size=block, seed=seed, layers=1 + seed % 2)
-        proposer, layer_ids = DFlash2Proposer.for_target(drafter, model), list(drafter.config.target_layer_ids)
-    else:
-        proposer, layer_ids = OracleSelectorProposer(prompt + ar, block, vocab, seed, noise=0.3), [1, 3]
+    model, prompt, ar, proposer, layer_ids = greedy_case(arch, seed, vocab, plen, block, n, kind)
     verifier = CheckedVerifier(model, layer_ids, check_cache=seed == 0)
     result = speculative_generate(verifier, proposer, prompt, n, policy=_policy(costs))
     assert result.output_ids == ar[:n]
