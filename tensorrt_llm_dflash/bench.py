@@ -573,9 +573,9 @@ def run_default(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: 
 def _describe_graphed(method: Method) -> str:
     what = {"ar-graph": "AR", "dflash-graph": "the DFlash chain",
             "ddtree-graph": f"DDTree with {method.param} draft nodes",
-            "auto-graph": "the cost-aware DDTree on the device (device_policy: one graph per tree size, the next "
-                          "size chosen from each step's calibrated values, prompt-lookup branches grafted on the "
-                          "device)"}[method.kind]
+            "auto-graph": "the cost-aware DDTree on the device (device_policy: one graph per tree size, the size "
+                          "chosen from calibrated values: the previous step's under CUDA graphs, the step's own on "
+                          "a CPU; prompt-lookup branches grafted on the device)"}[method.kind]
     return f"{what} in the graph-ready runtime (static state; CUDA graphs on CUDA, eager on CPU)"
 
 

@@ -320,6 +320,18 @@ class SizeChooser:
         self._pending = (best, totals[best] - rows)
         return best
 
+    def choose_drafted(self, expected: Sequence[Sequence[float]], costs: Sequence[float]) -> int:
+        """The drafted size for a step that is drafting already, from that step's own estimates (``expected``: each
+        stepping row's expected committed tokens at every drafted size): the most expected tokens per second, as
+        :meth:`choose` weighs them (delivery share included). Whether to draft at all stays :meth:`choose`'s call."""
+        rows = float(len(expected))
+        totals = {size: sum(float(row[j]) for row in expected) for j, size in enumerate(self.drafted)}
+        tokens = {size: rows + self.share(size) * (total - rows) for size, total in totals.items()}
+        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        best = max(self.drafted, key=lambda size: tokens[size] / seconds[size])  # the first maximum: the smaller size
+        self._pending = (best, totals[best] - rows)
+        return best
+
     def observe(self, committed: int, rows: int) -> None:
         """What the step of the last choice committed, over ``rows`` rows: it settles that size's delivery."""
         if self._pending is None:

@@ -348,15 +348,16 @@ def exact_with_prompt(model, prompt: list[int], params: SamplingParams) -> np.nd
 # --------------------------------------------------------------------------------- host syncs
 
 
-@pytest.mark.parametrize("budget", [0, 4, None])
-def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, monkeypatch):
+@pytest.mark.parametrize("budget,size_choice", [(0, "ahead"), (4, "ahead"), (None, "ahead"), (None, "in_step")])
+def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, size_choice, monkeypatch):
     """Whole steps of three rows (greedy, sampled, filtered; one of them admitted mid-run) under NoHostSync: the
     planning (depth limits, uniforms, tree size), every stage and the bookkeeping read nothing on the host except
-    the one named copy per step; outputs keep their shapes."""
+    the one named copy per step (what CUDA graphs need); choosing the size in the step (the CPU's way) adds one
+    named read of the estimates per drafted step."""
     model = tiny_target("qwen3", seed=6)
     drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
     decoder = GraphedDecoder(model, drafter, budget=budget, batch=4, policy_buckets=(1, 2, 4, 8),
-                             policy_costs=flat_costs)
+                             policy_costs=flat_costs, size_choice=size_choice)
     decoder.prepare(SamplingParams(0.8, top_k=5, seed=1))  # the costs of the filtered class, outside the guard
     decoder.admit(0, [3, 4, 5, 6], 30)
     decoder.admit(1, [7, 8], 30, SamplingParams(0.9, seed=2), torch.Generator().manual_seed(2))
@@ -367,7 +368,15 @@ def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, monke
         with guard.allow("the step's tokens"):
             return original()
 
+    estimates = decoder._copy_estimates
+
+    def copy_estimates(*args: object) -> list[list[float]]:
+        with guard.allow("the step's estimates"):
+            return estimates(*args)
+
     monkeypatch.setattr(decoder, "_copy_out", copy_out)
+    monkeypatch.setattr(decoder, "_copy_estimates", copy_estimates)
+    want = []
     for step in range(6):
         if step == 2:
             decoder.admit(2, [9, 10, 11], 30, SamplingParams(1.1, top_p=0.8, seed=3), torch.Generator().manual_seed(3))
@@ -375,7 +384,10 @@ def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, monke
             results = decoder.step()
         assert set(results) == ({0, 1} if step < 2 else {0, 1, 2})
         assert tuple(decoder.out[: decoder.bucket].shape) == (decoder.bucket, decoder.out.shape[1])
-    assert guard.allowed_copies == ["the step's tokens"] * 6
+        drafted = size_choice == "in_step" and results[0].tree_size > 1
+        want += ["the step's estimates"] * drafted + ["the step's tokens"]
+    assert guard.allowed_copies == want
+    assert size_choice == "ahead" or "the step's estimates" in want  # the in-step case drafted
 
 
 # --------------------------------------------------------------------------------- the policy at batch B

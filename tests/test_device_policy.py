@@ -101,6 +101,23 @@ def test_a_size_that_over_promises_stops_being_chosen():
     assert optimist.share(8) < 0.35 and optimist.share(16) == optimist.share(8) and optimist.share(2) == 1.0
 
 
+def test_a_drafting_step_picks_its_size_from_its_own_estimates():
+    """``choose_drafted`` (the in-step choice, after the draft is paid): the drafted size with the most expected
+    tokens per second, never AR, and the step it picked settles that size's delivery."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        rows = random_rows(rng, int(rng.integers(1, 9)))
+        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size for size in SIZES]
+        chooser = SizeChooser(SIZES)
+        choice = chooser.choose_drafted(rows, costs)
+        assert choice == max(SIZES[1:], key=lambda size: rate(rows, costs, size))
+        promised = sum(row[SIZES[1:].index(choice)] for row in rows) - len(rows)
+        chooser.observe(len(rows), len(rows))  # nothing beyond the bonus tokens: delivered 0 of ``promised``
+        assert chooser.promised == {choice: pytest.approx(promised)} and chooser.delivered == {choice: 0}
+    poor = [[1.0 + 1e-3 * size for size in SIZES[1:]]]  # drafting pays nothing: AR would win, but it is drafted
+    assert SizeChooser(SIZES).choose_drafted(poor, [1.0 + size for size in SIZES]) == 2
+
+
 def test_rows_without_estimates():
     chooser = SizeChooser(SIZES, start=16)
     assert chooser.choose([None, None], [1.0] * len(SIZES)) == 16  # nothing drafted yet: the start size

@@ -19,7 +19,9 @@ from test_sampling import PROMPT, VOCAB, chi2_threshold, chi_square, exact_joint
 from tiny_models import hf_greedy, scripted_draft_logits, tiny_drafter, tiny_target
 
 from tensorrt_llm_dflash.decode import speculative_generate
-from tensorrt_llm_dflash.graphed import CAPACITY_STEP, GraphedDecoder, tree_size
+from tensorrt_llm_dflash.device_policy import SizeChooser
+from tensorrt_llm_dflash.errors import DFlashInputError
+from tensorrt_llm_dflash.graphed import CAPACITY_STEP, SIZE_CHOICES, GraphedDecoder, tree_size
 from tensorrt_llm_dflash.nosync import NoHostSync
 from tensorrt_llm_dflash.proposer import DFlashProposer
 from tensorrt_llm_dflash.sampling import SamplingParams
@@ -204,7 +206,7 @@ def test_nohostsync_catches_the_decoders_own_copy():
 
 
 @pytest.mark.parametrize("budget,temperature,top_k,top_p,runs", [(0, 1.0, 0, 1.0, 1500), (4, 1.0, 0, 1.0, 1500),
-                                                                 (3, 1.3, 4, 0.8, 1500)])
+                                                                 (3, 1.3, 4, 0.8, 1500), (None, 1.0, 0, 1.0, 1500)])
 def test_sampling_preserves_the_target_distribution(budget, temperature, top_k, top_p, runs):
     target = tiny_target("qwen3", seed=3, vocab=VOCAB, layers=2, hidden=16, init_std=0.3)
     drafter = tiny_drafter(target, block_size=3, seed=5)
@@ -217,7 +219,7 @@ def test_sampling_preserves_the_target_distribution(budget, temperature, top_k, 
     counts = np.zeros((VOCAB, VOCAB), dtype=np.int64)
     multi = 0
     for r in range(runs):
-        out = decoder.generate(PROMPT, 2, sampling=params(10_000 * (budget + 1) + r))
+        out = decoder.generate(PROMPT, 2, sampling=params(10_000 * (budget + 1 if budget is not None else 9) + r))
         counts[tuple(out.output_ids)] += 1
         multi += max(out.stats.acceptance_lengths or [1]) > 1
     assert not counts[joint == 0].any()
@@ -235,7 +237,8 @@ def test_sampling_preserves_the_target_distribution(budget, temperature, top_k, 
 
 @pytest.mark.parametrize("arch,seed", _targets())
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_the_device_policy_equals_transformers_greedy_and_changes_size(arch, seed, dtype):
+@pytest.mark.parametrize("size_choice", SIZE_CHOICES)
+def test_the_device_policy_equals_transformers_greedy_and_changes_size(arch, seed, dtype, size_choice):
     model = tiny_target(arch, seed=seed, dtype=dtype)
     prompt = [int(t) for t in np.random.default_rng(seed + 11).integers(2, 64, 4 + 3 * seed)]
     n = 60
@@ -243,12 +246,52 @@ def test_the_device_policy_equals_transformers_greedy_and_changes_size(arch, see
     proposer = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.3, seed=seed)
     # A steep cost curve: big trees pay only when the calibrated values say they will be accepted.
     decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8, 16),
-                             policy_costs=[1.0, 1.2, 1.6, 2.6])
+                             policy_costs=[1.0, 1.2, 1.6, 2.6], size_choice=size_choice)
     out = decoder.generate(prompt, n)
     assert out.output_ids == reference
-    assert len(set(out.stats.tree_sizes)) >= 2, out.stats.tree_sizes  # the next size follows each step's copy
+    assert len(set(out.stats.tree_sizes)) >= 2, out.stats.tree_sizes  # the size follows the estimates
     assert set(out.stats.tree_sizes) <= {2, 4, 8, 16}
     assert decoder.policy.trials.sum() > 0 and not torch.equal(decoder.policy.table, decoder.policy.prior)
+
+
+@pytest.mark.parametrize("size_choice", SIZE_CHOICES)
+def test_the_size_comes_from_the_right_step_estimates(monkeypatch, size_choice):
+    """``ahead`` picks each step's size from the estimates the previous step copied back; ``in_step`` from the
+    step's own (the copy after it holds them): the chosen size is the most expected tokens per cost among the
+    drafted sizes (delivery shares held at 1 here, so the choice is the estimates' alone)."""
+    monkeypatch.setattr(SizeChooser, "share", lambda self, size: 1.0)
+    model = tiny_target("qwen3", seed=4, dtype=torch.float64)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(2, 64, 12)]
+    reference = hf_greedy(model, prompt, 50)
+    proposer = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.7, seed=4)
+    costs = [1.0, 1.5, 2.5, 4.5]  # steep: the best size moves from step to step
+    decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8, 16), policy_costs=costs,
+                             size_choice=size_choice)
+
+    def best(expected):
+        return max(zip((2, 4, 8, 16), expected, costs), key=lambda t: t[1] / t[2])[0]
+
+    row = 0
+    decoder.admit(row, prompt, 50)
+    previous, chosen, want, moved = None, [], [], 0
+    while decoder.requests[row].remaining > 0:
+        size = decoder.step()[row].tree_size
+        now = decoder.requests[row].expected
+        if previous is not None and size > 1:
+            chosen.append(size)
+            want.append(best(now if size_choice == "in_step" else previous))
+            moved += best(now) != best(previous)  # steps where the two rules disagree: the test tells them apart
+        previous = now
+    decoder.release(row)
+    assert len(chosen) >= 10 and len(set(chosen)) >= 2 and moved >= 3, (chosen, moved)
+    assert chosen == want
+
+
+def test_size_choice_is_checked():
+    model = tiny_target("llama", seed=1)
+    with pytest.raises(DFlashInputError, match="size_choice must be one of"):
+        GraphedDecoder(model, None, size_choice="later")
+    assert GraphedDecoder(model, None).size_choice == "in_step"  # on the CPU
 
 
 def test_the_device_policy_with_a_real_drafter_and_measured_costs():
@@ -370,7 +413,9 @@ def test_warm_up_steps_start_from_an_empty_state_and_teach_nothing():
     n = 104
     reference = hf_greedy(model, prompt, n)
     proposer = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.2, seed=3)
-    decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8), policy_costs=[1.0, 1.1, 1.2])
+    # A capture's warm-up is CUDA's path, where the size is chosen ahead (this prompt then ends at the cache's end).
+    decoder = GraphedDecoder(model, proposer, budget=None, policy_buckets=(2, 4, 8), policy_costs=[1.0, 1.1, 1.2],
+                             size_choice="ahead")
     assert decoder.generate(prompt, n).output_ids == reference
     assert decoder.capacity - decoder.last_past <= decoder.span  # the request ended at the last step's reach
     tables = _policy_tables(decoder)
