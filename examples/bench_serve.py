@@ -6,7 +6,7 @@
 
 For each method the script starts ``python -m tensorrt_llm_dflash.serve`` on a free loopback port (the
 method's flags added: ar = --speculative_decoding_mode none, default = none, dflash = --ddtree_budget 0,
-ddtree:B = --ddtree_budget B), sends one untimed warm-up request, then at each concurrency C runs C
+ddtree:B = --ddtree_budget B, auto-ahead / auto-in-step = the default with --size_choice ahead / in_step), sends one untimed warm-up request, then at each concurrency C runs C
 client tasks that take the prompts (HumanEval and chat prompts interleaved, the same prompts at every
 concurrency) from one queue, each as a streaming /v1/chat/completions request, and stops the server.
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
@@ -62,10 +62,13 @@ def method_flags(method: str) -> list[str]:
         return []
     if method == "dflash":
         return ["--ddtree_budget", "0"]
+    if method in ("auto-ahead", "auto-in-step"):
+        return ["--size_choice", method.removeprefix("auto-").replace("-", "_")]
     kind, _, budget = method.partition(":")
     if kind == "ddtree" and budget.isdigit() and int(budget) >= 1:
         return ["--ddtree_budget", budget]
-    raise DFlashInputError(f"method {method!r} is not one of ar, default, dflash, ddtree:B (B >= 1)")
+    raise DFlashInputError(f"method {method!r} is not one of ar, default, dflash, ddtree:B (B >= 1), auto-ahead, "
+                           "auto-in-step")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

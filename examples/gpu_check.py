@@ -71,12 +71,16 @@ from tensorrt_llm_dflash.decode import GenerationResult, speculative_generate  #
 from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter, save_dflash_drafter  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
-from tensorrt_llm_dflash.graphed import CAPACITY_STEP, GraphedDecoder  # noqa: E402
+from tensorrt_llm_dflash.graphed import CAPACITY_STEP, STEP_STAGES, GraphedDecoder  # noqa: E402
 from tensorrt_llm_dflash.proposer import DFlashProposer  # noqa: E402
 from tensorrt_llm_dflash.sampling import SamplingParams  # noqa: E402
 from tensorrt_llm_dflash.target import HFTargetVerifier, _sliding_window, target_dims  # noqa: E402
 
-METHODS = ("ar", "chain", "ddtree:32", "auto", "oracle-chain", "oracle-ddtree:32", "oracle-auto")
+#: ``auto`` chooses each step's size ahead (CUDA's default); ``auto-in-step`` inside the step (the CPU's default, one
+#: host read per step: graphs of two sizes replay in one step).
+METHODS = ("ar", "chain", "ddtree:32", "auto", "auto-in-step", "oracle-chain", "oracle-ddtree:32", "oracle-auto",
+           "oracle-auto-in-step")
+DEFAULT_METHODS = ("ar", "chain", "ddtree:32", "auto", "auto-in-step", "oracle-chain", "oracle-ddtree:32", "oracle-auto")
 #: The shipped drafter's target: SmolLM2-135M(-Instruct).
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
            "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192}
@@ -348,7 +352,11 @@ def tau(result: GenerationResult) -> float:
 
 def method_budget(method: str) -> int | None:
     name = method.removeprefix("oracle-")
-    return {"ar": 0, "chain": 0, "auto": None}.get(name, int(name.partition(":")[2] or 0))
+    return {"ar": 0, "chain": 0, "auto": None, "auto-in-step": None}.get(name, int(name.partition(":")[2] or 0))
+
+
+def method_size_choice(method: str) -> str:
+    return "in_step" if method.endswith("-in-step") else "ahead"
 
 
 #: Top-2 logit gap (the AR reference's, at the first differing token) under which a float32 difference between a
@@ -438,7 +446,8 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
         ctx.needs(ctx.model, ctx.ar)
         drafter = drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids)
         # Costs as timed at start-up, not refined by the runs: the eager twin below must make the same choices.
-        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, policy_buckets=ctx.buckets, refine_costs=False)
+        decoder = GraphedDecoder(ctx.model, drafter, budget=budget, policy_buckets=ctx.buckets, refine_costs=False,
+                                 size_choice=method_size_choice(method))
         decoder.reserve(len(ctx.prompt), ctx.new_tokens)
         start = time.perf_counter()
         decoder.prepare()
@@ -465,7 +474,7 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
         c.figures.update(tok_per_s=tok_per_s(out), tau=tau(out), steps=out.stats.steps,
                          tree_sizes=sorted(set(out.stats.tree_sizes)),
                          stage_ms_per_step={k: 1000 * out.stats.stage_seconds.get(k, 0.0) / steps
-                                            for k in ("draft", "tree_build", "verify", "commit")})
+                                            for k in STEP_STAGES})
         ctx.results[method] = out
         compare(out, ctx.ar, "eager_ar", ctx.exact, c.figures, lengths=False,
                 tie_gap=lambda i: top2_gap(ctx.model, ctx.prompt, ctx.ar.output_ids, i))
@@ -473,7 +482,8 @@ def check_method(report: Report, ctx: Context, method: str) -> None:
         ctx.needs(decoder, graphed or None)
         costs = decoder.step_costs("greedy", 1) if decoder.policy is not None else None
         twin = GraphedDecoder(ctx.model, drafter_for(ctx, method, ctx.prompt, ctx.ar.output_ids), budget=budget,
-                              use_graphs=False, policy_buckets=ctx.buckets, policy_costs=costs)
+                              use_graphs=False, policy_buckets=ctx.buckets, policy_costs=costs,
+                              size_choice=decoder.size_choice)
         for i in range(2):  # the same two requests: the policy learns the same things in the same order
             compare(graphed[i], twin.generate(ctx.prompt, ctx.new_tokens), f"eager_stages_{i}", ctx.exact, c.figures,
                     sizes=True)
@@ -809,7 +819,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="tiny random targets and drafters (the CPU test's sizes)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
     ap.add_argument("--targets", nargs="+", default=None, help="target shapes to run (default: both)")
     ap.add_argument("--max_new_tokens", type=int, default=None, help="tokens per request (default 64; --tiny 8)")
     ap.add_argument("--prompt_len", type=int, default=None, help="prompt tokens (default 96; --tiny 24)")

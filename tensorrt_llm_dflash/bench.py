@@ -15,7 +15,7 @@ Methods (``parse_methods``; new kinds register themselves in ``METHOD_KINDS``):
     default     exactly what ``examples/run.py`` does with no decoding flags (today ``auto``
                 with its defaults); results.json records what it resolved to
     lora_inject, lora_inject_ddtree:B   the LoRA-inject drafter (``--lora_inject_dir``)
-    ar-graph, dflash-graph, ddtree-graph:B, auto-graph
+    ar-graph, dflash-graph, ddtree-graph:B, auto-graph, auto-graph-in-step
                 the graph-ready runtime (``graphed``): static state, each step's stages replayed
                 as CUDA graphs on CUDA (captured once per method, before timing), run eagerly on CPU
     hf-static   transformers ``generate`` over its static cache (``cache_implementation="static"``)
@@ -198,7 +198,7 @@ def parse_methods(texts: Sequence[str]) -> list[Method]:
 
 def method_syntax() -> list[str]:
     return ["ar", "hf", "hf-static", "pld[:N]", "dflash", "ddtree:B", "auto[:N]", "default", "ar-graph",
-            "dflash-graph", "ddtree-graph:B", "auto-graph"] + [
+            "dflash-graph", "ddtree-graph:B", "auto-graph", "auto-graph-in-step"] + [
         k for k in METHOD_KINDS if k not in _BUILTIN]
 
 
@@ -535,10 +535,12 @@ def _graphed_decoder(ctx: BenchContext, method: Method) -> Any:
             if ctx.drafter is None:
                 raise BenchError(f"{method.label} needs a drafter (--draft_model_dir)")
             drafter = ctx.drafter
-        budget = {"ddtree-graph": method.param, "auto-graph": None, "default": None}.get(method.kind, 0)
+        budget = {"ddtree-graph": method.param, "auto-graph": None, "auto-graph-in-step": None,
+                  "default": None}.get(method.kind, 0)
         # From the priors, as the eager methods' policies start here: a run does not depend on earlier ones.
         decoder = GraphedDecoder(ctx.model, drafter, budget=budget,
-                                 capacity=ctx.max_new_tokens + CAPACITY_PROMPT_ALLOWANCE, seed_calibration=False)
+                                 capacity=ctx.max_new_tokens + CAPACITY_PROMPT_ALLOWANCE, seed_calibration=False,
+                                 size_choice="in_step" if method.kind == "auto-graph-in-step" else None)
         decoder.sampling = ctx.sampling
         decoder.prepare()
         ctx._decoders[method.label] = decoder
@@ -575,7 +577,10 @@ def _describe_graphed(method: Method) -> str:
             "ddtree-graph": f"DDTree with {method.param} draft nodes",
             "auto-graph": "the cost-aware DDTree on the device (device_policy: one graph per tree size, the size "
                           "chosen from calibrated values: the previous step's under CUDA graphs, the step's own on "
-                          "a CPU; prompt-lookup branches grafted on the device)"}[method.kind]
+                          "a CPU; prompt-lookup branches grafted on the device)",
+            "auto-graph-in-step": "the cost-aware DDTree on the device, its size chosen inside each step from the "
+                                  "step's own calibrated values (one host read per step; on CUDA the graphs of two "
+                                  "sizes replay in a step)"}[method.kind]
     return f"{what} in the graph-ready runtime (static state; CUDA graphs on CUDA, eager on CPU)"
 
 
@@ -627,6 +632,8 @@ _BUILTIN["ddtree-graph"] = MethodKind(run_graphed, budget_param("ddtree-graph", 
                                       budget_family="DFlash (graph)", describe=_describe_graphed)
 _BUILTIN["auto-graph"] = MethodKind(run_graphed, no_param("auto-graph"), build_proposer=_dflash_proposer,
                                     describe=_describe_graphed)
+_BUILTIN["auto-graph-in-step"] = MethodKind(run_graphed, no_param("auto-graph-in-step"),
+                                            build_proposer=_dflash_proposer, describe=_describe_graphed)
 _BUILTIN["auto"] = MethodKind(run_runtime, _optional_int("auto", "the largest tree (draft nodes)", 1, 1023),
                               build_proposer=_dflash_proposer, make_policy=_auto_policy, describe=_describe_auto)
 _BUILTIN["default"] = MethodKind(run_default, no_param("default"), build_proposer=_dflash_proposer,

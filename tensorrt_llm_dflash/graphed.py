@@ -74,7 +74,7 @@ from .tree import validate_budget
 __all__ = ["CAPACITY_STEP", "POLICY_START", "SIZE_CHOICES", "STEP_STAGES", "GraphedDecoder", "RowResult", "batch_buckets",
            "row_probs", "sampling_kind", "tree_size"]
 
-STEP_STAGES = ("draft", "tree_build", "verify", "commit")
+STEP_STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")  # tree_compile: in-step choice only
 #: Capacity granularity: a longer request re-allocates (and re-captures) in steps of this many slots; attention
 #: windows are this times a power of two.
 CAPACITY_STEP = 256
@@ -88,10 +88,12 @@ COST_EMA = 0.2
 EXPECTED_SCALE = 1 << 20
 #: When the cost-aware tree's size is chosen. ``ahead``: on the host before the step, from the estimates the
 #: previous step copied back (a step old), so nothing inside a step reads the device: what CUDA graphs need.
-#: ``in_step``: whether to draft is decided ahead, the size after the tree stage has built this step's candidates,
-#: from their own estimates (one host read of ``[rows, sizes]`` values between tree building and verify), as the
-#: eager runtime's policy decides. On a CPU that read costs nothing and the step's own estimates choose better:
-#: 10 HumanEval prompts, fp32, 2 threads, tau 3.60 -> 4.18, 31.6 -> 36.5 tok/s (the eager runtime: tau 4.05).
+#: ``in_step``: whether to draft is decided ahead, the size after ``tree_build`` has built this step's candidates,
+#: from their own estimates (one host read of ``[rows, sizes]`` values), as the eager runtime's policy decides;
+#: ``tree_compile`` then selects that many nodes (under CUDA graphs: the candidate stages of one size's graphs, the
+#: read, the rest of the chosen size's graphs). On a CPU that read costs nothing and the step's own estimates choose
+#: better: 10 HumanEval prompts, fp32, 2 threads, tau 3.60 -> 4.18, 31.6 -> 36.5 tok/s (the eager runtime: tau
+#: 4.05). On a GPU the read stalls the host once per step; not measured there yet, so CUDA defaults to ``ahead``.
 SIZE_CHOICES = ("ahead", "in_step")
 
 
@@ -235,14 +237,16 @@ class GraphedDecoder:
         if self.use_graphs and self.device.type != "cuda":
             raise DFlashInputError(f"use_graphs=True needs a CUDA device, the target is on {self.device}")
         #: When the cost-aware tree's size is chosen (see :data:`SIZE_CHOICES`).
-        self.size_choice = ("ahead" if self.use_graphs else "in_step") if size_choice is None else str(size_choice)
+        self.size_choice = (("ahead" if self.device.type == "cuda" else "in_step") if size_choice is None
+                            else str(size_choice))
         if self.size_choice not in SIZE_CHOICES:
             raise DFlashInputError(f"size_choice must be one of {sorted(SIZE_CHOICES)}, got {size_choice!r}")
-        if self.size_choice == "in_step" and self.use_graphs:
-            raise DFlashInputError("size_choice='in_step' runs the stages eagerly (it reads the step's estimates on "
-                                   "the host between tree building and verify); with CUDA graphs use 'ahead'")
         #: In-step choice: the rows stepping and their costs while a step runs (None outside a step).
         self._in_step: tuple[list[int], list[float]] | None = None
+        #: In-step choice under CUDA graphs: the candidates go through these static buffers, which every size's
+        #: ``tree_compile`` graph reads (each capture's own outputs live in its graph's memory). Tests set it on a CPU.
+        self.stash_candidates = self.use_graphs
+        self._stash: dict[str, torch.Tensor] = {}
         self.capture_seconds = 0.0
         self.capture_bytes = 0
         self.requests: dict[int, RowState] = {}
@@ -295,6 +299,7 @@ class GraphedDecoder:
         from an empty row, which warm-up and timing steps make) and the per-row tensors."""
         capacity = min(_round_up(capacity), self.max_capacity)
         self.target, self.proposer = self._static_parts(capacity)
+        self._stash = {}
         b, dev = self.batch, self.device
         self.nodes = tree_size(self.proposer, self.budget)
         self.path_width = self.proposer.block_size if self.proposer is not None else 1
@@ -510,6 +515,11 @@ class GraphedDecoder:
                      logits: torch.Tensor) -> tuple[DeviceTree, dict[str, torch.Tensor]]:
         """The cost-aware tree: the pool (+ lookup branches), calibrated values, the best ``nodes`` of them, and
         each row's expected tokens at every drafted size (for the host's next choice)."""
+        return self._policy_select(self._policy_candidates(root, depth, logits))
+
+    def _policy_candidates(self, root: torch.Tensor, depth: torch.Tensor, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The pool (+ lookup branches) with its calibrated path values and each row's expected tokens at every drafted
+        size: everything the tree needs before its size is known, as flat tensors."""
         policy, ids = self.policy, self.proposer.draft_ids
         pool_nodes = policy.pool_nodes
         k = min(pool_nodes, logits.shape[-1])
@@ -518,23 +528,53 @@ class GraphedDecoder:
         pool = build_ddtree_device(root, values, tokens, pool_nodes, depth)
         candidates = Grafted(pool, policy.draft_conditional(pool), torch.zeros_like(pool.valid))
         rounds = logits.shape[1]
-        extra: dict[str, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {}
         if self.lookup:
             config = self.lookup_config
             b = self.bucket
             branches = lookup_device(self.history[:b, : self.window], self.past[:b] + 1, config.lookup_tokens,
                                      depth, config.max_ngram, max_branches=config.lookup_branches)
             candidates = graft_device(pool, candidates.cond, branches, policy.lookup_conditional(branches))
-            extra["ngram"] = branches.ngram
+            out["ngram"] = branches.ngram
             rounds = max(rounds, config.lookup_tokens)
         path_values = policy.path_values(candidates, rounds)
-        expected = policy.expected_tokens(path_values)
-        if self._in_step is not None:  # the size from this step's own candidates (one host read; eager stages only)
-            stepping, costs = self._in_step
-            self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs)
-        chosen = policy.select(candidates, path_values, self.nodes)
-        extra.update(expected=expected, cond=chosen.cond, on_branch=chosen.on_branch)
+        tree = candidates.tree
+        out.update(tokens=tree.tokens, parents=tree.parents, depths=tree.depths, valid=tree.valid,
+                   num_nodes=tree.num_nodes, scores=tree.scores, cond=candidates.cond, on_branch=candidates.on_branch,
+                   path_values=path_values, expected=self.policy.expected_tokens(path_values))
+        return out
+
+    def _policy_select(self, found: dict[str, torch.Tensor]) -> tuple[DeviceTree, dict[str, torch.Tensor]]:
+        """The best ``nodes`` of the candidates (``_policy_candidates``'s tensors)."""
+        tree = DeviceTree(tokens=found["tokens"], parents=found["parents"], depths=found["depths"],
+                          valid=found["valid"], num_nodes=found["num_nodes"], scores=found["scores"])
+        chosen = self.policy.select(Grafted(tree, found["cond"], found["on_branch"]), found["path_values"], self.nodes)
+        extra = {"expected": found["expected"], "cond": chosen.cond, "on_branch": chosen.on_branch}
+        if "ngram" in found:
+            extra["ngram"] = found["ngram"]
         return chosen.tree, extra
+
+    def _candidates(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tree_build`` when the size is chosen in the step: the candidates, kept for ``tree_compile``."""
+        b = self.bucket
+        found = self._policy_candidates(self.root[:b], self.max_depth[:b].clamp(min=0), live["logits"])
+        if self.stash_candidates:
+            for name, value in found.items():
+                stash = self._stash.get(name)
+                if stash is None or stash.shape[1:] != value.shape[1:] or stash.dtype != value.dtype:
+                    # Allocated by the first (eager) warm-up of a capture, never inside one; rebuilt with the state.
+                    stash = self._stash[name] = torch.empty((self.batch, *value.shape[1:]), dtype=value.dtype,
+                                                            device=value.device)
+                stash[:b].copy_(value)
+            found = {name: self._stash[name][:b] for name in found}
+        return {f"candidate_{name}": value for name, value in found.items()}
+
+    def _select(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``tree_compile`` when the size is chosen in the step: the chosen size's tree from the candidates."""
+        prefix = "candidate_"
+        tree, extra = self._policy_select({k[len(prefix):]: v for k, v in live.items() if k.startswith(prefix)})
+        return {"tokens": tree.tokens, "parents": tree.parents, "depths": tree.depths, "valid": tree.valid,
+                "num_nodes": tree.num_nodes, "scores": tree.scores, "visible": visibility_device(tree), **extra}
 
     def _choose(self, logits: torch.Tensor, rows: slice, kind: str) -> torch.Tensor:
         """The target's token after every node [b, N]: argmax at T = 0, else inverse-CDF sampling with each row's
@@ -605,7 +645,14 @@ class GraphedDecoder:
     def _stage_fns(self) -> list[tuple[str, Callable[[dict], dict]]]:
         # An AR step drafts nothing: a draft stage would capture an empty CUDA graph (a warning on every capture).
         draft = [("draft", self._draft)] if self.proposer is not None and self.nodes > 1 else []
-        return [*draft, ("tree_build", self._tree_build), ("verify", self._verify), ("commit", self._commit)]
+        if self._split():  # the size is chosen between the candidates and the selection
+            tree = [("tree_build", self._candidates), ("tree_compile", self._select)]
+        else:
+            tree = [("tree_build", self._tree_build)]
+        return [*draft, *tree, ("verify", self._verify), ("commit", self._commit)]
+
+    def _split(self) -> bool:
+        return self.size_choice == "in_step" and self.policy is not None and self.nodes > 1
 
     @contextlib.contextmanager
     def _shape(self, bucket: int, nodes: int, window: int, kind: str) -> Iterator[None]:
@@ -778,30 +825,47 @@ class GraphedDecoder:
         return {name: sorted(values)[len(values) // 2] for name, values in samples.items()}
 
     def _run_step(self, stage_seconds: dict[str, float] | None) -> None:
+        """One step of the planned shape: every stage in order, with ``in_step`` the size chosen after
+        ``tree_build`` (the stages up to it run under the planned size's graphs, the rest under the chosen one's)."""
+        stages = self._stage_fns()
+        names = [name for name, _ in stages]
+        cut = names.index("tree_build") + 1 if self._in_step is not None and self._split() else len(names)
         if self.use_graphs:
-            if self._key() not in self._graphs:
+            if cut < len(names):  # every size this step may pick, captured before its candidates are written
+                for size in self.chooser.drafted:
+                    with self._shape(self.bucket, size, self.window, self.kind):
+                        if self._key() not in self._graphs:
+                            self._graphs[self._key()] = self._capture()
+            elif self._key() not in self._graphs:
                 self._graphs[self._key()] = self._capture()
-            captured = self._graphs[self._key()]
-            names = [name for name, _ in self._stage_fns()]
-            if stage_seconds is None:
-                for name in names:
-                    captured.graphs[name].replay()
-                return
-            # Events between the replays time each stage on the device; read after the step's copy.
-            events = self._events or [torch.cuda.Event(enable_timing=True) for _ in range(len(STEP_STAGES) + 1)]
-            self._events = events
-            events[0].record()
+            timed = stage_seconds is not None
+            if timed:  # events between the replays time each stage on the device; read after the step's copy
+                while len(self._events) < len(names) + 1:
+                    self._events.append(torch.cuda.Event(enable_timing=True))
+                self._events[0].record()
             for i, name in enumerate(names):
-                captured.graphs[name].replay()
-                events[i + 1].record()
-            self._pending_timing = (names, stage_seconds)
+                if i == cut:
+                    self._choose_in_step(self._stash["expected"][: self.bucket])
+                self._graphs[self._key()].graphs[name].replay()
+                if timed:
+                    self._events[i + 1].record()
+            if timed:
+                self._pending_timing = (names, stage_seconds)
             return
         live: dict[str, torch.Tensor] = {}
-        for name, fn in self._stage_fns():
+        for i, (name, fn) in enumerate(stages):
+            if i == cut:
+                self._choose_in_step(live["candidate_expected"])
             start = time.perf_counter()
             live.update(fn(live))
             if stage_seconds is not None:
                 stage_seconds[name] += time.perf_counter() - start
+
+    def _choose_in_step(self, expected: torch.Tensor) -> None:
+        """``in_step``: the size from this step's own estimates (``[bucket, drafted sizes]``); the step goes on at it
+        (the stages after ``tree_build`` read ``self.nodes``, or replay that size's graphs)."""
+        stepping, costs = self._in_step
+        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs)
 
     # ------------------------------------------------------------------ the loop
 

@@ -142,16 +142,19 @@ def flat_costs(bucket: int, size: int) -> float:
 
 
 @pytest.mark.parametrize("arch,seed", [("qwen3", 0), ("llama", 1)])
-@pytest.mark.parametrize("mode", ["ar", "chain", "ddtree:5", "auto"])
+@pytest.mark.parametrize("mode", ["ar", "chain", "ddtree:5", "auto", "auto-ahead", "auto-stash"])
 def test_every_row_equals_its_own_greedy_output(arch, seed, mode):
     """Six requests of different lengths through four rows of one decoder (a real random drafter): two start
     together, the rest join mid-run as rows free up, one is abandoned early, two sample beside the greedy ones;
-    every greedy row equals transformers' greedy output for its prompt."""
+    every greedy row equals transformers' greedy output for its prompt. The cost-aware tree three ways: its size
+    chosen in the step (the CPU's default), ahead (CUDA's), in the step through the static candidate buffers that
+    CUDA graphs of two sizes share."""
     model = tiny_target(arch, seed=seed)
     drafter = None if mode == "ar" else tiny_drafter(model, block_size=6, seed=seed + 3, layers=2)
-    budget = {"ar": 0, "chain": 0, "ddtree:5": 5, "auto": None}[mode]
+    budget = {"ar": 0, "chain": 0, "ddtree:5": 5}.get(mode)
     decoder = GraphedDecoder(model, drafter, budget=budget, batch=4, policy_buckets=(1, 2, 4, 8, 16),
-                             policy_costs=cpu_like_costs)
+                             policy_costs=cpu_like_costs, size_choice="ahead" if mode == "auto-ahead" else None)
+    decoder.stash_candidates = mode == "auto-stash"
     prompts = prompts_of(seed, (5, 17, 3, 30, 9, 12))
     lengths = [40, 25, 33, 20, 45, 30]
     sampling = [SamplingParams()] * 6
@@ -164,9 +167,10 @@ def test_every_row_equals_its_own_greedy_output(arch, seed, mode):
         elif params.greedy:
             assert run.output(i) == hf_greedy(model, prompts[i], lengths[i]), i
     assert max(run.buckets) == 4 and decoder.requests == {}
-    if mode == "auto":
+    if mode.startswith("auto"):
         sizes = {size for steps in run.steps.values() for size, _ in steps}
         assert 1 in sizes and len(sizes) >= 2, sizes  # AR at the full batch, trees when fewer rows remain
+        assert (decoder._stash != {}) == (mode == "auto-stash")  # the candidates went through the buffers
 
 
 @pytest.mark.parametrize("arch,seed", [("qwen3", 2), ("llama", 0)])

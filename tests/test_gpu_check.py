@@ -48,9 +48,9 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
         for dtype in ("float32", "bfloat16"):
             tag = f"{target}/{dtype}"
             assert checks[f"{tag}/setup"]["figures"]["mixed_layers"] == (target == "qwen3-swa-tiny")
-            for method in module.METHODS:
+            for method in module.DEFAULT_METHODS:
                 assert set(checks[f"{tag}/{method}/graphed"]["figures"]["stage_ms_per_step"]) == {
-                    "draft", "tree_build", "verify", "commit"}
+                    "draft", "tree_build", "tree_compile", "verify", "commit"}
                 sizes = checks[f"{tag}/{method}/capture"]["figures"]["sizes"]
                 assert all(f"{tag}/{method}/stage-ms@{n}" in checks for n in sizes)
             assert checks[f"{tag}/auto/capture"]["figures"]["sizes"] == list(module.TINY_BUCKETS)
@@ -60,7 +60,7 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
                 boundary = checks[f"{tag}/compaction-boundary-{kind}"]["figures"]
                 assert boundary["prompt"] + boundary["new"] + module.BOUNDARY_BUDGET + 2 == 256
         tag = f"{target}/float32"
-        for method in module.METHODS:
+        for method in module.DEFAULT_METHODS:
             assert checks[f"{tag}/{method}/graphed"]["figures"]["equal_eager_ar"] is True
             twin = checks[f"{tag}/{method}/vs-eager-stages"]["figures"]
             assert twin["equal_eager_stages_0"] is True and twin["equal_eager_stages_1"] is True

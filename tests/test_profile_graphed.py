@@ -26,5 +26,5 @@ def test_the_profile_runs_on_the_cpu_and_writes_its_report(tmp_path):
     entry = report["dtypes"]["float32"]
     assert [row["method"] for row in entry["methods"]] == ["ar-graph", "dflash-graph", "auto-graph"]
     assert all(row["equals_ar"] for row in entry["methods"])
-    assert all(set(row["stage_ms_per_step"]) == {"draft", "tree_build", "verify", "commit"} for row in entry["methods"])
+    assert all(set(row["stage_ms_per_step"]) == {"draft", "tree_build", "tree_compile", "verify", "commit"} for row in entry["methods"])
     assert entry["compaction"]["eager_ms"] > 0 and "graphed_ms" not in entry["compaction"]  # no CUDA graph on a CPU

@@ -16,6 +16,8 @@ from serve_support import TinyModels, tiny_server
 from tiny_dirs import save_tiny_target_dir
 from tiny_models import tiny_drafter
 
+from tensorrt_llm_dflash.errors import DFlashInputError
+
 
 @pytest.fixture(scope="module")
 def bench():
@@ -104,3 +106,14 @@ def test_bad_flags_are_refused(bench, argv, says, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench.parse_args(argv)
     assert exit_info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_method_flags(bench):
+    """Each method name starts the server with its flags (the size-choice A/B included); an unknown one is refused."""
+    assert bench.method_flags("ar") == ["--speculative_decoding_mode", "none"]
+    assert bench.method_flags("default") == []
+    assert bench.method_flags("ddtree:5") == ["--ddtree_budget", "5"]
+    assert bench.method_flags("auto-ahead") == ["--size_choice", "ahead"]
+    assert bench.method_flags("auto-in-step") == ["--size_choice", "in_step"]
+    with pytest.raises(DFlashInputError, match="auto-in-step"):
+        bench.method_flags("auto-later")

@@ -61,6 +61,10 @@ def _refused(argv: list[str], capsys) -> str:
     (["--speculative_decoding_mode", "none", "--ddtree_budget", "4"], "argument --ddtree_budget: needs "
                                                                       "--speculative_decoding_mode dflash"),
     (["--no_lookup", "--ddtree_budget", "4"], "argument --no_lookup: applies to the cost-aware tree"),
+    (["--size_choice", "ahead", "--ddtree_budget", "4"], "argument --size_choice: applies to the cost-aware tree"),
+    (["--size_choice", "later"], "argument --size_choice: invalid choice: 'later'"),
+    (["--speculative_decoding_mode", "none", "--size_choice", "in_step"], "argument --size_choice: needs "
+                                                                           "--speculative_decoding_mode dflash"),
     (["--target_model_dir", "/no/such/model"], "argument --target_model_dir: '/no/such/model' does not exist"),
     (["--served_model_name", " "], "argument --served_model_name: must be a non-empty name"),
 ])
@@ -87,6 +91,7 @@ def engine_config(tmp_path):
     (["--speculative_decoding_mode", "none"], "argument --speculative_decoding_mode: a DFlash engine always drafts"),
     (["--dtype", "bfloat16"], "argument --dtype: applies to --backend pytorch"),
     (["--no_lookup"], "argument --no_lookup: applies to --backend pytorch"),
+    (["--size_choice", "ahead"], "argument --size_choice: applies to --backend pytorch"),
     (["--backend", "pytorch"], "argument --engine_dir: applies to --backend trt"),
 ])
 def test_engine_flags_are_refused_before_the_engine_loads(engine_config, extra, says, capsys, no_model_loads):

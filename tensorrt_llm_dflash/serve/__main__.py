@@ -74,6 +74,10 @@ def build_parser() -> cli.ArgumentParser:
                        help="a fixed DDTree node budget; 0 = DFlash chain (default: the cost-aware tree on the "
                             "device, its tree size chosen each step from the measured cost of each size)")
     model.add_argument("--no_lookup", action="store_true", help="cost-aware tree: no prompt-lookup branches")
+    model.add_argument("--size_choice", choices=["ahead", "in_step"], default=None,
+                       help="cost-aware tree: choose each step's tree size before it from the previous step's "
+                            "estimates (ahead; no host read inside a step) or inside it from its own (in_step; "
+                            "default: in_step on a CPU, ahead on CUDA)")
     model.add_argument("--dtype", choices=DTYPES, default="float32",
                        help="float32/float64: greedy (temperature 0) answers equal the target's own greedy output")
     model.add_argument("--device", type=cli.device, default=None, help="cpu or cuda (default: cuda if available)")
@@ -115,11 +119,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     speculative = args.speculative_decoding_mode == "dflash"
     if not speculative:
         for flag, given in (("--draft_model_dir", args.draft_model_dir is not None),
-                            ("--ddtree_budget", args.ddtree_budget is not None), ("--no_lookup", args.no_lookup)):
+                            ("--ddtree_budget", args.ddtree_budget is not None), ("--no_lookup", args.no_lookup),
+                            ("--size_choice", args.size_choice is not None)):
             if given:
                 cli.refuse(ap, flag, "needs --speculative_decoding_mode dflash (there is no drafter in 'none')")
-    if args.no_lookup and args.ddtree_budget is not None:
-        cli.refuse(ap, "--no_lookup", "applies to the cost-aware tree, not to a fixed --ddtree_budget")
+    for flag, given in (("--no_lookup", args.no_lookup), ("--size_choice", args.size_choice is not None)):
+        if given and args.ddtree_budget is not None:
+            cli.refuse(ap, flag, "applies to the cost-aware tree, not to a fixed --ddtree_budget")
     if speculative and args.target_model_dir is not None and args.draft_model_dir is None:
         cli.refuse(ap, "--draft_model_dir", "is required with --target_model_dir (the demo drafter only fits the "
                                             "embedded SmolLM2 target), or pass --speculative_decoding_mode none")
@@ -138,7 +144,7 @@ def check_engine_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> 
         cli.refuse(ap, "--backend", "'trt' needs --engine_dir")
     for flag, given in (("--target_model_dir", args.target_model_dir is not None),
                         ("--draft_model_dir", args.draft_model_dir is not None), ("--no_lookup", args.no_lookup),
-                        ("--dtype", args.dtype != "float32")):
+                        ("--size_choice", args.size_choice is not None), ("--dtype", args.dtype != "float32")):
         if given:
             cli.refuse(ap, flag, "applies to --backend pytorch: an engine holds its own target, drafter and dtype")
     if args.speculative_decoding_mode != "dflash":
@@ -237,7 +243,8 @@ def build_server(args: argparse.Namespace, manage_engine: bool = True) -> tuple[
         runner, tokenizer, eos = load_engine(args)
     else:
         model, drafter, tokenizer, eos = load_models(args)
-        spec = DecoderSpec(model, drafter, budget=args.ddtree_budget, lookup=not args.no_lookup)
+        spec = DecoderSpec(model, drafter, budget=args.ddtree_budget, lookup=not args.no_lookup,
+                           size_choice=args.size_choice)
         runner = graphed_rows(spec, args.max_batch_size, args.max_model_len)
     # Two tokenizers: a fast tokenizer is not safe to share between the event loop and the engine thread.
     engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=args.max_queue)

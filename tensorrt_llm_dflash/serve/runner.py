@@ -121,6 +121,8 @@ class DecoderSpec:
     #: The cost-aware tree's step seconds: one per tree size (every batch bucket), or ``(bucket, size) -> seconds``;
     #: given instead of measured (tests, or a curve measured before). None measures them at start-up.
     policy_costs: Sequence[float] | Callable[[int, int], float] | None = None
+    #: When the cost-aware tree's size is chosen (``graphed.SIZE_CHOICES``; None: the device's default).
+    size_choice: str | None = None
 
     def build(self, capacity: int, rows: int) -> Any:
         """A decoder of ``rows`` rows and ``capacity`` slots (it grows when a row needs more), its graphs captured
@@ -128,7 +130,7 @@ class DecoderSpec:
         from ..graphed import GraphedDecoder
 
         kwargs: dict[str, Any] = {"budget": self.budget, "capacity": capacity, "lookup": self.lookup,
-                                  "policy_costs": self.policy_costs, "batch": rows}
+                                  "policy_costs": self.policy_costs, "batch": rows, "size_choice": self.size_choice}
         if self.policy_buckets is not None:
             kwargs["policy_buckets"] = tuple(self.policy_buckets)
         decoder = GraphedDecoder(self.model, self.drafter, **kwargs)
