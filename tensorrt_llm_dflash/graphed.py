@@ -30,8 +30,9 @@ Nothing inside a step reads a device value on the host. The host learns what a s
 every row from **one** device-to-host copy of ``[count, tokens..., lookup count, expected tokens per
 size]`` per row, which it needs anyway for streaming and stop tokens; what the next step needs (each
 row's depth limit, its uniforms, the tree size) it writes to the device before the launch. One
-exception, where no graph runs: on a CPU the cost-aware tree's size is chosen inside the step from
-that step's own candidates (``size_choice="in_step"``, one more read; see :data:`SIZE_CHOICES`). The
+exception: with ``size_choice="in_step"`` (the CPU's default; CUDA's is ``ahead``) the cost-aware
+tree's size is chosen inside the step from that step's own candidates, one more read per step
+(see :data:`SIZE_CHOICES`). The
 sampling class (greedy / sampled / sampled with top-k or top-p) picks which graph runs, never the
 values: those are tensors the graph reads.
 
@@ -74,7 +75,8 @@ from .tree import validate_budget
 __all__ = ["CAPACITY_STEP", "POLICY_START", "SIZE_CHOICES", "STEP_STAGES", "GraphedDecoder", "RowResult", "batch_buckets",
            "row_probs", "sampling_kind", "tree_size"]
 
-STEP_STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")  # tree_compile: in-step choice only
+#: A step's stages; ``tree_compile`` (selecting the chosen size from the candidates) only with the in-step choice.
+STEP_STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")
 #: Capacity granularity: a longer request re-allocates (and re-captures) in steps of this many slots; attention
 #: windows are this times a power of two.
 CAPACITY_STEP = 256
