@@ -6,9 +6,10 @@
 
 For each method the script starts ``python -m tensorrt_llm_dflash.serve`` on a free loopback port (the
 method's flags added: ar = --speculative_decoding_mode none, default = none, dflash = --ddtree_budget 0,
-ddtree:B = --ddtree_budget B, auto-ahead / auto-in-step = the default with --size_choice ahead / in_step), sends one untimed warm-up request, then at each concurrency C runs C
-client tasks that take the prompts (HumanEval and chat prompts interleaved, the same prompts at every
-concurrency) from one queue, each as a streaming /v1/chat/completions request, and stops the server.
+ddtree:B = --ddtree_budget B, auto-ahead / auto-in-step = the default with --size_choice ahead / in_step),
+sends one untimed warm-up request, then at each concurrency C runs C client tasks that take the prompts
+(HumanEval and chat prompts interleaved, the same prompts at every concurrency) from one queue, each as a
+streaming /v1/chat/completions request, and stops the server.
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
 
 Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to
