@@ -305,31 +305,31 @@ class SizeChooser:
         self._pending = None
         if totals is None:
             return self.start
-        rows = float(len(expected))
-        tokens = {size: rows + self.share(size) * (total - rows) for size, total in totals.items()}
-        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
-        best = max(self.sizes, key=lambda size: tokens[size] / seconds[size])  # the first maximum: the smaller size
+        rate = self._rates(totals, len(expected), costs)
+        best = max(self.sizes, key=rate.get)  # the first maximum: the smaller size
         if best == 1:
             if self.ar_run < self.backoff:
                 self.ar_run += 1
                 return 1
             self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
-            best = max(self.drafted, key=lambda size: tokens[size] / seconds[size])  # a probe
+            best = max(self.drafted, key=rate.get)  # a probe
         else:
             self.ar_run, self.backoff = 0, 1
-        self._pending = (best, totals[best] - rows)
+        self._pending = (best, totals[best] - len(expected))
         return best
+
+    def _rates(self, totals: dict[int, float], rows: int, costs: Sequence[float]) -> dict[int, float]:
+        """Expected tokens per second of each size in ``totals``: its promised extra scaled by its delivery share."""
+        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        return {size: (rows + self.share(size) * (total - rows)) / seconds[size] for size, total in totals.items()}
 
     def choose_drafted(self, expected: Sequence[Sequence[float]], costs: Sequence[float]) -> int:
         """The drafted size for a step that is drafting already, from that step's own estimates (``expected``: each
         stepping row's expected committed tokens at every drafted size): the most expected tokens per second, as
         :meth:`choose` weighs them (delivery share included). Whether to draft at all stays :meth:`choose`'s call."""
-        rows = float(len(expected))
         totals = {size: sum(float(row[j]) for row in expected) for j, size in enumerate(self.drafted)}
-        tokens = {size: rows + self.share(size) * (total - rows) for size, total in totals.items()}
-        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
-        best = max(self.drafted, key=lambda size: tokens[size] / seconds[size])  # the first maximum: the smaller size
-        self._pending = (best, totals[best] - rows)
+        best = max(self.drafted, key=self._rates(totals, len(expected), costs).get)  # first maximum: the smaller size
+        self._pending = (best, totals[best] - len(expected))
         return best
 
     def observe(self, committed: int, rows: int) -> None:
