@@ -6,10 +6,14 @@
 
 For each method the script starts ``python -m tensorrt_llm_dflash.serve`` on a free loopback port (the
 method's flags added: ar = --speculative_decoding_mode none, default = none, dflash = --ddtree_budget 0,
-ddtree:B = --ddtree_budget B, auto-ahead / auto-in-step = the default with --size_choice ahead / in_step),
-sends one untimed warm-up request, then at each concurrency C runs C client tasks that take the prompts
-(HumanEval and chat prompts interleaved, the same prompts at every concurrency) from one queue, each as a
-streaming /v1/chat/completions request, and stops the server.
+ddtree:B = --ddtree_budget B, auto-ahead / auto-in-step = the default with --size_choice ahead / in_step)
+and sends it one untimed warm-up request. Then, level by level, each method's server in turn (the order
+reversed at every other level, so that a machine that speeds up or slows down during the run favours no
+method) runs the level: at concurrency C, C client tasks take the prompts (HumanEval and chat prompts
+interleaved, the same prompts at every concurrency) from one queue, each as a streaming
+/v1/chat/completions request. The servers stay loaded, idle while another runs, and stop at the end
+(``--one_server_at_a_time``: each server runs all its levels and stops before the next starts, for models
+that do not fit twice).
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
 
 Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -38,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "client of every level has a row)")
     server.add_argument("--server_timeout", type=cli.integer(1), default=DEFAULT_SERVER_TIMEOUT,
                         help="seconds to wait for a server to be ready")
+    server.add_argument("--one_server_at_a_time", action="store_true",
+                        help="run each method's levels with only its server loaded (default: every server loaded, "
+                             "the methods taking turns at each level)")
     ap.add_argument("--no_warmup", action="store_true", help="no untimed request before the first level")
     ap.add_argument("--no_runpy_reference", action="store_true",
                     help="skip the in-process run of run.py's runtime (ar and default) on the same prompts")
@@ -356,25 +365,71 @@ def runpy_reference(prompts: list[BenchPrompt], args: argparse.Namespace) -> dic
     return reference
 
 
+@contextlib.contextmanager
+def started_servers(methods: list[str], args: argparse.Namespace, report: dict[str, Any]) -> Iterator[dict[str, str]]:
+    """Each method's server, started one after another (a start-up that measures costs runs alone): method -> url;
+    all stopped on the way out, their logs kept only when something failed."""
+    running: dict[str, tuple[ServerProcess, Path]] = {}
+    try:
+        for method in methods:
+            log = Path(tempfile.gettempdir()) / f"bench_serve.{os.getpid()}.{method.replace(':', '_')}.log"
+            server = ServerProcess(server_flags(args, method), log, args.server_timeout)
+            running[method] = (server, log)
+            report["servers"][method] = {"command": " ".join(server.command), "ready": server.ready_line}
+        yield {method: server.url for method, (server, _) in running.items()}
+    finally:
+        for server, _ in running.values():
+            server.stop()
+    for _, log in running.values():
+        log.unlink(missing_ok=True)
+
+
 def served_model(url: str) -> str:
     import httpx
 
     return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
 
 
-def bench_method(url: str, prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
-    model = served_model(url)
-    if not args.no_warmup:  # the first request pays for lazy start-up work (allocation, caches)
+def warm_up(url: str, model: str, prompts: list[BenchPrompt], args: argparse.Namespace) -> None:
+    """One untimed short request: the first request pays for lazy start-up work (allocation, caches)."""
+    if not args.no_warmup:
         warm = argparse.Namespace(**{**vars(args), "max_tokens": min(16, args.max_tokens)})
         asyncio.run(run_level(url, model, prompts[:1], 1, warm))
-    levels: dict[str, Any] = {}
-    for concurrency in args.concurrency:
-        wall, results = asyncio.run(run_level(url, model, prompts, concurrency, args))
-        summary = summarize_level(wall, results)
-        levels[str(concurrency)] = {"summary": summary, "requests": [asdict(r) for r in results]}
-        print(f"  concurrency {concurrency}: {summary['total_tokens_per_second']:.1f} tok/s, "
-              f"TTFT {fmt(summary['ttft_mean_seconds'], '.2f')} s, {len(summary['errors'])} errors", flush=True)
-    return {"model": model, "levels": levels}
+
+
+def bench_level(url: str, model: str, prompts: list[BenchPrompt], concurrency: int,
+                args: argparse.Namespace) -> dict[str, Any]:
+    wall, results = asyncio.run(run_level(url, model, prompts, concurrency, args))
+    summary = summarize_level(wall, results)
+    print(f"  concurrency {concurrency}: {summary['total_tokens_per_second']:.1f} tok/s, "
+          f"TTFT {fmt(summary['ttft_mean_seconds'], '.2f')} s, {len(summary['errors'])} errors", flush=True)
+    return {"summary": summary, "requests": [asdict(r) for r in results]}
+
+
+def bench_method(url: str, prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
+    """Every level on one server."""
+    model = served_model(url)
+    warm_up(url, model, prompts, args)
+    return {"model": model, "levels": {str(c): bench_level(url, model, prompts, c, args) for c in args.concurrency}}
+
+
+def level_order(methods: list[str], level: int) -> list[str]:
+    """The methods' turns at the ``level``-th level: as given, reversed at every other level (ABBA)."""
+    return list(methods) if level % 2 == 0 else list(reversed(methods))
+
+
+def bench_interleaved(servers: dict[str, str], prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
+    """Every server loaded (``servers``: method -> url): level by level, each method in turn (:func:`level_order`)."""
+    models = {method: served_model(url) for method, url in servers.items()}
+    for method, url in servers.items():
+        warm_up(url, models[method], prompts, args)
+    results: dict[str, Any] = {method: {"model": models[method], "levels": {}} for method in servers}
+    for i, concurrency in enumerate(args.concurrency):
+        for method in level_order(list(servers), i):
+            print(f"{method}:", flush=True)
+            results[method]["levels"][str(concurrency)] = bench_level(servers[method], models[method], prompts,
+                                                                      concurrency, args)
+    return {method: results[method] for method in servers}
 
 
 def compare(results: dict[str, Any], args: argparse.Namespace, reference: dict[str, Any] | None = None) -> list[str]:
@@ -460,19 +515,17 @@ def main(argv: list[str] | None = None) -> int:
         reference = None
         if args.url is None and not args.no_runpy_reference:
             reference = report["runpy_reference"] = runpy_reference(prompts, args)
-        for method in args.methods:
-            print(f"{method}:", flush=True)
-            if args.url is not None:
-                report["results"][method] = bench_method(args.url, prompts, args)
-                continue
-            log = Path(tempfile.gettempdir()) / f"bench_serve.{os.getpid()}.{method.replace(':', '_')}.log"
-            server = ServerProcess(server_flags(args, method), log, args.server_timeout)
-            try:
-                report["servers"][method] = {"command": " ".join(server.command), "ready": server.ready_line}
-                report["results"][method] = bench_method(server.url, prompts, args)
-            finally:
-                server.stop()
-            log.unlink(missing_ok=True)
+        if args.url is not None:
+            print(f"{args.methods[0]}:", flush=True)
+            report["results"][args.methods[0]] = bench_method(args.url, prompts, args)
+        elif args.one_server_at_a_time:
+            for method in args.methods:
+                print(f"{method}:", flush=True)
+                with started_servers([method], args, report) as servers:
+                    report["results"][method] = bench_method(servers[method], prompts, args)
+        else:
+            with started_servers(args.methods, args, report) as servers:
+                report["results"] = bench_interleaved(servers, prompts, args)
         problems = compare(report["results"], args, reference)
         report["problems"] = problems
         atomic_write_json(args.output_json, report)

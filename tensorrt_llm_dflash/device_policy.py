@@ -18,7 +18,8 @@ the graph, and it must be chosen *before* the launch, without reading the device
    the host copies anyway (the one copy per step). The host sums them over the rows that step next
    (a batch runs one tree size: one CUDA graph per batch bucket and size) and divides by the measured
    seconds of a step of that many rows and nodes; a plain AR step (size 1, one token per row) competes
-   too, so speculation is chosen only where it beats AR at the same batch. The choice lags one step
+   too, so speculation is chosen only where it beats AR at the same batch (when no request waits for a row,
+   where the batch's slowest row moves fastest: "Draining" in :class:`SizeChooser`). The choice lags one step
    behind the values it is made from; consecutive steps' acceptance is strongly correlated, and the
    lag costs no sync;
 5. **learn**: every verified node is labelled by the target's choice at its parent (was it the token
@@ -247,6 +248,15 @@ class SizeChooser:
     by that share (a size not run yet takes the share of the largest smaller size that has run), so a size that
     over-promises stops being chosen where its real rate is below AR's.
 
+    **Draining.** Given ``remaining`` (each row's tokens still to come), the batch is draining: nobody waits for
+    a row, so a row that finishes early frees nothing, and the batch is done when its slowest row is. Then the
+    size is the one at which the row that would finish last progresses fastest, ``min over rows of
+    min(E_r(n), R_r) / R_r / cost(n)``, rather than the most tokens for the batch: a tree that pays for the rows
+    that accept well but slows the one that accepts badly lengthens the whole batch. (At batch 16 on the 2-core
+    EPYC a 4-node step costs 2.3 AR steps; its best rows commit 3-4 tokens and its worst 1.5, so the most
+    tokens per second still left every burst of 16 requests 5-20% behind AR.) For one row the two rules differ only
+    where a size's estimate passes the row's remaining tokens (its last step or two).
+
     An AR step drafts nothing, so the estimates it decides from go stale. After ``backoff`` AR steps in a row it
     drafts once (a probe, at the best drafted size) to refresh them; each probe that AR survives doubles
     ``backoff`` (up to ``max_backoff``), and a step where speculation wins resets it to 1. So when speculation
@@ -278,14 +288,22 @@ class SizeChooser:
         if self.start not in self.drafted:
             self.start = self.drafted[len(self.drafted) // 2]
 
-    def totals(self, expected: Sequence[Sequence[float] | None]) -> dict[int, float] | None:
-        """Expected committed tokens of the batch per size, as estimated (None: no row, now or before, has one)."""
+    def rows(self, expected: Sequence[Sequence[float] | None]) -> list[list[float]] | None:
+        """Each row's expected committed tokens at every drafted size, a row not drafted for yet counting as the
+        typical row (None: no row, now or before, has an estimate)."""
         known = [list(e) for e in expected if e is not None]
         if known:
             self.typical = [sum(column) / len(known) for column in zip(*known)]
         if self.typical is None:
             return None
-        rows = [list(e) if e is not None else self.typical for e in expected]
+        return [list(e) if e is not None else self.typical for e in expected]
+
+    def totals(self, expected: Sequence[Sequence[float] | None]) -> dict[int, float] | None:
+        """Expected committed tokens of the batch per size, as estimated (None: no row, now or before, has one)."""
+        rows = self.rows(expected)
+        return None if rows is None else self._totals(rows)
+
+    def _totals(self, rows: list[list[float]]) -> dict[int, float]:
         totals = {size: sum(row[j] for row in rows) for j, size in enumerate(self.drafted)}
         if 1 in self.sizes:
             totals[1] = float(len(rows))
@@ -299,13 +317,15 @@ class SizeChooser:
         last = run[-1]
         return (self.delivered[last] + DELIVERY_PRIOR) / (self.promised[last] + DELIVERY_PRIOR)
 
-    def choose(self, expected: Sequence[Sequence[float] | None], costs: Sequence[float]) -> int:
-        """The next size; ``costs`` holds seconds per size of ``sizes`` (ascending) at this batch bucket."""
-        totals = self.totals(expected)
+    def choose(self, expected: Sequence[Sequence[float] | None], costs: Sequence[float],
+               remaining: Sequence[int] | None = None) -> int:
+        """The next size; ``costs`` holds seconds per size of ``sizes`` (ascending) at this batch bucket;
+        ``remaining`` (each row's tokens still to come) when the batch is draining (see the class docstring)."""
+        rows = self.rows(expected)
         self._pending = None
-        if totals is None:
+        if rows is None:
             return self.start
-        rate = self._rates(totals, len(expected), costs)
+        rate = self._rates(rows, costs, remaining)
         best = max(self.sizes, key=rate.get)  # the first maximum: the smaller size
         if best == 1:
             if self.ar_run < self.backoff:
@@ -315,21 +335,35 @@ class SizeChooser:
             best = max(self.drafted, key=rate.get)  # a probe
         else:
             self.ar_run, self.backoff = 0, 1
-        self._pending = (best, totals[best] - len(expected))
+        self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
 
-    def _rates(self, totals: dict[int, float], rows: int, costs: Sequence[float]) -> dict[int, float]:
-        """Expected tokens per second of each size in ``totals``: its promised extra scaled by its delivery share."""
+    def _rates(self, rows: list[list[float]], costs: Sequence[float],
+               remaining: Sequence[int] | None = None) -> dict[int, float]:
+        """Each size's worth per second: the batch's expected tokens, or when draining (``remaining``) the pace of
+        the row that would finish last; a size's promised extra tokens scaled by its delivery share."""
         seconds = dict(zip(self.sizes, (float(c) for c in costs)))
-        return {size: (rows + self.share(size) * (total - rows)) / seconds[size] for size, total in totals.items()}
+        if remaining is None:
+            n = len(rows)
+            return {size: (n + self.share(size) * (total - n)) / seconds[size]
+                    for size, total in self._totals(rows).items()}
+        left = [max(int(r), 1) for r in remaining]
+        rates = {}
+        for size in self.sizes:
+            j = self.drafted.index(size) if size >= 2 else None
+            tokens = [1.0 if j is None else 1.0 + self.share(size) * (row[j] - 1.0) for row in rows]
+            rates[size] = min(min(t, r) / r for t, r in zip(tokens, left)) / seconds[size]
+        return rates
 
-    def choose_drafted(self, expected: Sequence[Sequence[float]], costs: Sequence[float]) -> int:
+    def choose_drafted(self, expected: Sequence[Sequence[float]], costs: Sequence[float],
+                       remaining: Sequence[int] | None = None) -> int:
         """The drafted size for a step that is drafting already, from that step's own estimates (``expected``: each
-        stepping row's expected committed tokens at every drafted size): the most expected tokens per second, as
-        :meth:`choose` weighs them (delivery share included). Whether to draft at all stays :meth:`choose`'s call."""
-        totals = {size: sum(float(row[j]) for row in expected) for j, size in enumerate(self.drafted)}
-        best = max(self.drafted, key=self._rates(totals, len(expected), costs).get)  # first maximum: the smaller size
-        self._pending = (best, totals[best] - len(expected))
+        stepping row's expected committed tokens at every drafted size): the best as :meth:`choose` weighs them
+        (delivery share and draining included). Whether to draft at all stays :meth:`choose`'s call."""
+        rows = [[float(v) for v in row] for row in expected]
+        rate = self._rates(rows, costs, remaining)
+        best = max(self.drafted, key=rate.get)  # first maximum: the smaller size
+        self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
 
     def observe(self, committed: int, rows: int) -> None:

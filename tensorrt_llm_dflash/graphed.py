@@ -243,8 +243,9 @@ class GraphedDecoder:
                             else str(size_choice))
         if self.size_choice not in SIZE_CHOICES:
             raise DFlashInputError(f"size_choice must be one of {sorted(SIZE_CHOICES)}, got {size_choice!r}")
-        #: In-step choice: the rows stepping and their costs while a step runs (None outside a step).
-        self._in_step: tuple[list[int], list[float]] | None = None
+        #: In-step choice: the rows stepping, their costs and (draining) remaining tokens while a step runs (None
+        #: outside a step).
+        self._in_step: tuple[list[int], list[float], list[int] | None] | None = None
         #: In-step choice under CUDA graphs: the candidates go through these static buffers, which every size's
         #: ``tree_compile`` graph reads (each capture's own outputs live in its graph's memory). Tests set it on a CPU.
         self.stash_candidates = self.use_graphs
@@ -866,8 +867,8 @@ class GraphedDecoder:
     def _choose_in_step(self, expected: torch.Tensor) -> None:
         """``in_step``: the size from this step's own estimates (``[bucket, drafted sizes]``); the step goes on at it
         (the stages after ``tree_build`` read ``self.nodes``, or replay that size's graphs)."""
-        stepping, costs = self._in_step
-        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs)
+        stepping, costs, remaining = self._in_step
+        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs, remaining)
 
     # ------------------------------------------------------------------ the loop
 
@@ -877,10 +878,11 @@ class GraphedDecoder:
         pasts = [state.past for row, state in self.requests.items() if row < bucket]
         return self.window_for(max(pasts, default=0) + self.span)
 
-    def _plan(self, stepping: list[int]) -> None:
+    def _plan(self, stepping: list[int], waiting: int = 0) -> None:
         """Everything the next step needs, decided on the host from what it knows: the batch bucket, the capacity
-        (grown if a row needs more), the window, the sampling class, the tree size, and on the device each row's
-        depth limit (-1 for padding rows) and uniforms."""
+        (grown if a row needs more), the window, the sampling class, the tree size (for a batch that is draining,
+        no request ``waiting`` for a row, the pace of its slowest row: ``SizeChooser``), and on the device each
+        row's depth limit (-1 for padding rows) and uniforms."""
         bucket = self.bucket_for(stepping[-1] + 1)
         need = max(state.past for row, state in self.requests.items() if row < bucket) + self.span
         if need > self.capacity:
@@ -891,10 +893,14 @@ class GraphedDecoder:
         deepest = self.nodes
         if self.chooser is not None:
             costs = self.step_costs(kind, bucket)
-            self.nodes = deepest = self.chooser.choose([self.requests[row].expected for row in stepping], costs)
+            # A lone row keeps the batch rule (the two agree but at its last tokens): what run.py's decoder runs.
+            remaining = [self.requests[row].remaining for row in stepping] if not waiting and len(stepping) > 1 \
+                else None
+            self.nodes = deepest = self.chooser.choose([self.requests[row].expected for row in stepping], costs,
+                                                       remaining)
             if self.size_choice == "in_step" and self.nodes > 1:
                 # The candidates are built for the largest size; the tree stage picks the size from them.
-                self._in_step, deepest = (stepping, costs), max(self.sizes())
+                self._in_step, deepest = (stepping, costs, remaining), max(self.sizes())
         positions = self.target.max_positions
         depths = [-1] * bucket
         for row in stepping:
@@ -914,16 +920,17 @@ class GraphedDecoder:
         return self.out[: self.bucket]
 
     @torch.inference_mode()
-    def step(self, rows: Collection[int] | None = None,
-             stage_seconds: dict[str, float] | None = None) -> dict[int, RowResult]:
+    def step(self, rows: Collection[int] | None = None, stage_seconds: dict[str, float] | None = None, *,
+             waiting: int = 0) -> dict[int, RowResult]:
         """One step of the admitted rows (``rows``: only those; the others in the bucket are padding this time):
         ``{row: RowResult}`` for each row that stepped. A row that has committed its ``max_new_tokens`` does not
-        step (its caller releases it)."""
+        step (its caller releases it). ``waiting``: requests waiting for a row (the cost-aware tree paces a
+        batch that nobody waits behind by its slowest row)."""
         chosen = self.requests if rows is None else rows
         stepping = sorted(row for row in chosen if row in self.requests and self.requests[row].remaining > 0)
         if not stepping:
             return {}
-        self._plan(stepping)
+        self._plan(stepping, waiting)
         bucket, captured = self.bucket, self.capture_seconds
         start = time.perf_counter()
         try:
@@ -1026,7 +1033,7 @@ class GraphedDecoder:
                 if outputs[i].emit([self.admit(row, prompts[i], max_new_tokens)]):
                     self.release(row)
                     del row_of[row]
-            for row, result in self.step(list(row_of)).items():
+            for row, result in self.step(list(row_of), waiting=len(waiting)).items():
                 i = row_of[row]
                 stats[i].steps += 1
                 stats[i].acceptance_lengths.append(len(result.tokens))

@@ -22,6 +22,7 @@ import torch
 from test_sampling import VOCAB, chi2_threshold, chi_square
 from tiny_models import full_forward, hf_greedy, scripted_draft_logits, tiny_drafter, tiny_target
 
+from tensorrt_llm_dflash.device_policy import SizeChooser
 from tensorrt_llm_dflash.errors import DFlashInputError
 from tensorrt_llm_dflash.graphed import GraphedDecoder, batch_buckets, row_probs, sampling_kind
 from tensorrt_llm_dflash.nosync import NoHostSync
@@ -108,7 +109,8 @@ class Schedule:
                     del row_of[row]
             if not row_of and not waiting:
                 return self
-            results = decoder.step()
+            arrived = sum(1 for i in waiting if self.admit_at[i] <= step)  # waiting for a row, as a server counts
+            results = decoder.step(waiting=arrived)
             if results:
                 self.buckets.append(decoder.bucket)
             for row, result in results.items():
@@ -421,6 +423,48 @@ def test_the_cost_aware_tree_follows_the_batchs_own_cost_curve():
     assert cpu_full.count(1) >= len(cpu_full) - 3, cpu_full  # AR, but for the probes of the back-off
     assert max(cpu_alone) > 1  # one row: trees pay on the same curve's batch-1 row
     assert min(gpu_full) >= 4 and min(gpu_alone) >= 4, (gpu_full, gpu_alone)
+
+
+def test_a_batch_nobody_waits_behind_is_paced_by_its_slowest_row(monkeypatch):
+    """``step(waiting=0)`` with several rows hands the chooser every row's remaining tokens (the batch is draining:
+    ``SizeChooser`` paces it by the row that would finish last); with requests waiting, or with one row, it does
+    not. Every row is still its own greedy output (float64), and drained steps verify trees where they pay."""
+    calls: list[tuple[int, list[int] | None]] = []
+    choose = SizeChooser.choose
+
+    def recording(self, expected, costs, remaining=None):
+        calls.append((len(expected), None if remaining is None else list(remaining)))
+        return choose(self, expected, costs, remaining)
+
+    monkeypatch.setattr(SizeChooser, "choose", recording)
+    model = tiny_target("llama", seed=3, dtype=torch.float64)
+    prompts = prompts_of(4, (6, 9, 5))
+    lengths = [40, 12, 24]
+    references = [hf_greedy(model, p, n) for p, n in zip(prompts, lengths)]
+    proposer = ScriptedRows(4, 8, 64, noise=0.2, seed=2)
+    decoder = GraphedDecoder(model, proposer, budget=None, batch=4, policy_buckets=(1, 2, 4, 8), policy_costs=flat_costs)
+    outputs: dict[int, list[int]] = {}
+    for row, prompt in enumerate(prompts):
+        proposer.set_stream(row, prompt + references[row])
+        outputs[row] = [decoder.admit(row, prompt, lengths[row])]
+    sizes: dict[bool, list[int]] = {True: [], False: []}
+    for step in range(200):
+        live = sorted(decoder.requests)
+        if not live:
+            break
+        waiting = 2 if step % 3 == 0 else 0
+        left = [decoder.requests[row].remaining for row in live]
+        calls.clear()
+        results = decoder.step(waiting=waiting)
+        drained = waiting == 0 and len(live) > 1
+        assert calls == [(len(live), left if drained else None)], (step, calls)
+        for row, result in results.items():
+            outputs[row] += result.tokens
+            sizes[drained].append(result.tree_size)
+            if len(outputs[row]) >= lengths[row]:
+                decoder.release(row)
+    assert [outputs[row][: lengths[row]] for row in range(3)] == references
+    assert max(sizes[True]) > 1 and sizes[False], sizes  # flat costs: trees pay even for the slowest row
 
 
 def test_step_costs_are_measured_per_batch_bucket(monkeypatch):

@@ -164,3 +164,44 @@ def _row(value, row: int):
         return value[row : row + 1]
     return replace(value, **{f.name: getattr(value, f.name)[row : row + 1] if f.name != "num_nodes"
                              else value.num_nodes[row : row + 1] for f in fields(value)})
+
+
+def drain_pace(rows: list[list[float]], remaining: list[int], costs: list[float], size: int) -> float:
+    """The pace of the row that would finish last (share 1): min over rows of min(E, R) / R, per second."""
+    tokens = [1.0 if size == 1 else row[SIZES[1:].index(size)] for row in rows]
+    return min(min(t, r) / r for t, r in zip(tokens, remaining)) / costs[SIZES.index(size)]
+
+
+def test_a_draining_batch_is_paced_by_its_slowest_row():
+    """Nobody waits for a row: the size is the one at which the row that would finish last progresses fastest. Three
+    rows that accept well and one that accepts badly: the batch's most tokens per second is 8 nodes, but a step of 8
+    costs 3 AR steps and the bad row gains 1.5 tokens from it, so draining runs AR. The same bad row with one token
+    left finishes in one step anyway and vetoes nothing."""
+    good, bad = [1.9, 3.5, 5.5, 7.0, 7.5, 7.6], [1.2, 1.4, 1.5, 1.6, 1.6, 1.6]
+    costs = [1.0, 1.6, 2.2, 3.0, 4.5, 8.0, 16.0]
+    rows = [good, good, good, bad]
+    assert SizeChooser(SIZES).choose(rows, costs) == 8  # the batch's tokens per second
+    assert SizeChooser(SIZES).choose(rows, costs, remaining=[100, 100, 100, 100]) == 1
+    assert SizeChooser(SIZES).choose(rows, costs, remaining=[100, 100, 100, 1]) == 8
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, remaining=[100, 100, 100, 100]) == 2  # drafted: the least bad
+    rng = np.random.default_rng(3)
+    seen = set()
+    for _ in range(300):
+        rows = random_rows(rng, int(rng.integers(1, 17)))
+        remaining = [int(r) for r in rng.integers(1, 200, len(rows))]
+        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size + (2e-3 * len(rows) if size > 1 else 0.0)
+                 for size in SIZES]
+        choice = SizeChooser(SIZES).choose(rows, costs, remaining)
+        assert choice == max(SIZES, key=lambda size: drain_pace(rows, remaining, costs, size))
+        assert drain_pace(rows, remaining, costs, choice) >= drain_pace(rows, remaining, costs, 1)  # never behind AR
+        seen.add(choice > 1)
+    assert seen == {False, True}
+
+
+def test_one_row_drains_as_it_decodes_until_its_last_tokens():
+    """For one row the two rules are one (tokens per second), except where a size promises more than is left."""
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        rows = random_rows(rng, 1)
+        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * size for size in SIZES]
+        assert SizeChooser(SIZES).choose(rows, costs, remaining=[10**6]) == SizeChooser(SIZES).choose(rows, costs)

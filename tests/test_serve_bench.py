@@ -1,5 +1,6 @@
 """examples/bench_serve.py in tiny mode, so that it cannot rot: it starts a server per method on loopback, runs
-each concurrency level with streaming clients over HumanEval and chat prompts, and writes the JSON and the table;
+each concurrency level with streaming clients over HumanEval and chat prompts (the methods taking turns, or one
+server at a time), and writes the JSON and the table;
 at temperature 0 in float32 the default's answers equal AR's at every concurrency. Also against a running
 server (--url), and its flag checks."""
 
@@ -69,6 +70,9 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
         summary = report["results"]["default"]["levels"][c]["summary"]
         assert summary["outputs_equal_ar"] == "4/4" and summary["speedup_vs_ar"] > 0 and summary["tau"] >= 1
     assert "| default | 3 | 4 |" in printed and "| ar | 1 | 4 |" in printed
+    # Both servers loaded, the methods taking turns: ar then default at the first level, the other way at the next.
+    turns = [line.rstrip(":") for line in printed.splitlines() if line in ("ar:", "default:")]
+    assert turns == ["ar", "default", "default", "ar"], printed
     # run.py's runtime on the same prompts, in-process: the speedup concurrency 1 is held against.
     reference = report["runpy_reference"]
     assert reference["all_outputs_match"] is True and reference["default_resolves_to"]
@@ -76,6 +80,28 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
     one = report["results"]["default"]["levels"]["1"]["summary"]
     assert one["speedup_vs_runpy_speedup"] == pytest.approx(one["speedup_vs_ar"] / reference["speedup"])
     assert "run.py's runtime in-process on the same prompts" in printed and "concurrency 1: the server's" in printed
+
+
+def test_one_server_at_a_time(bench, model_dirs, tmp_path, capsys):
+    """``--one_server_at_a_time`` (models that do not fit twice): each server runs all its levels, then stops."""
+    target_dir, drafter_dir = model_dirs
+    out = tmp_path / "serve.json"
+    rc = bench.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
+                     "--methods", "ar", "default", "--concurrency", "1", "2", "--num_prompts", "1",
+                     "--max_tokens", "6", "--threads", "1", "--no_runpy_reference", "--one_server_at_a_time",
+                     "--output_json", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    report = json.loads(out.read_text())
+    assert report["problems"] == [] and set(report["results"]) == {"ar", "default"}
+    assert all(set(report["results"][m]["levels"]) == {"1", "2"} for m in ("ar", "default"))
+    turns = [line.rstrip(":") for line in printed.splitlines() if line in ("ar:", "default:")]
+    assert turns == ["ar", "default"], printed
+
+
+def test_level_order_alternates(bench):
+    assert [bench.level_order(["a", "b", "c"], i) for i in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
+                                                                        ["a", "b", "c"]]
 
 
 def test_the_benchmark_measures_a_running_server(bench, tmp_path, capsys):
