@@ -13,7 +13,8 @@ method) runs the level: at concurrency C, C client tasks take the prompts (Human
 interleaved, the same prompts at every concurrency) from one queue, each as a streaming
 /v1/chat/completions request. The servers stay loaded, idle while another runs, and stop at the end
 (``--one_server_at_a_time``: each server runs all its levels and stops before the next starts, for models
-that do not fit twice).
+that do not fit twice). ``--repeats R`` runs every level R times per method, the turns alternating, and
+reports each level over all its runs.
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
 
 Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to
@@ -104,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server.add_argument("--one_server_at_a_time", action="store_true",
                         help="run each method's levels with only its server loaded (default: every server loaded, "
                              "the methods taking turns at each level)")
+    ap.add_argument("--repeats", type=cli.integer(1, 100), default=1,
+                    help="run each level this many times per method (the methods taking turns each time); a level's "
+                         "figures are over all its runs (less run-to-run noise)")
     ap.add_argument("--no_warmup", action="store_true", help="no untimed request before the first level")
     ap.add_argument("--no_runpy_reference", action="store_true",
                     help="skip the in-process run of run.py's runtime (ar and default) on the same prompts")
@@ -397,12 +401,21 @@ def warm_up(url: str, model: str, prompts: list[BenchPrompt], args: argparse.Nam
         asyncio.run(run_level(url, model, prompts[:1], 1, warm))
 
 
-def bench_level(url: str, model: str, prompts: list[BenchPrompt], concurrency: int,
-                args: argparse.Namespace) -> dict[str, Any]:
+def run_once(url: str, model: str, prompts: list[BenchPrompt], concurrency: int,
+             args: argparse.Namespace) -> tuple[float, list[RequestResult]]:
     wall, results = asyncio.run(run_level(url, model, prompts, concurrency, args))
-    summary = summarize_level(wall, results)
-    print(f"  concurrency {concurrency}: {summary['total_tokens_per_second']:.1f} tok/s, "
-          f"TTFT {fmt(summary['ttft_mean_seconds'], '.2f')} s, {len(summary['errors'])} errors", flush=True)
+    print(f"  concurrency {concurrency}: {sum(r.completion_tokens for r in results) / wall:.1f} tok/s, "
+          f"{sum(r.error is not None for r in results)} errors", flush=True)
+    return wall, results
+
+
+def level_record(runs: list[tuple[float, list[RequestResult]]]) -> dict[str, Any]:
+    """A level's figures over its runs (all their tokens over all their wall time), each run's tok/s beside."""
+    results = sorted((r for _, rs in runs for r in rs), key=lambda r: r.prompt)  # stable: repeats stay in order
+    summary = summarize_level(sum(wall for wall, _ in runs), results)
+    if len(runs) > 1:
+        summary["runs_tokens_per_second"] = [sum(r.completion_tokens for r in rs if r.error is None) / wall
+                                             for wall, rs in runs]
     return {"summary": summary, "requests": [asdict(r) for r in results]}
 
 
@@ -410,26 +423,34 @@ def bench_method(url: str, prompts: list[BenchPrompt], args: argparse.Namespace)
     """Every level on one server."""
     model = served_model(url)
     warm_up(url, model, prompts, args)
-    return {"model": model, "levels": {str(c): bench_level(url, model, prompts, c, args) for c in args.concurrency}}
+    levels = {str(c): level_record([run_once(url, model, prompts, c, args) for _ in range(args.repeats)])
+              for c in args.concurrency}
+    return {"model": model, "levels": levels}
 
 
-def level_order(methods: list[str], level: int) -> list[str]:
-    """The methods' turns at the ``level``-th level: as given, reversed at every other level (ABBA)."""
-    return list(methods) if level % 2 == 0 else list(reversed(methods))
+def level_order(methods: list[str], turn: int) -> list[str]:
+    """The methods' order at the ``turn``-th run of a level: as given, reversed at every other turn (ABBA)."""
+    return list(methods) if turn % 2 == 0 else list(reversed(methods))
 
 
 def bench_interleaved(servers: dict[str, str], prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
-    """Every server loaded (``servers``: method -> url): level by level, each method in turn (:func:`level_order`)."""
+    """Every server loaded (``servers``: method -> url): level by level, run by run, each method in turn
+    (:func:`level_order`)."""
     models = {method: served_model(url) for method, url in servers.items()}
     for method, url in servers.items():
         warm_up(url, models[method], prompts, args)
     results: dict[str, Any] = {method: {"model": models[method], "levels": {}} for method in servers}
-    for i, concurrency in enumerate(args.concurrency):
-        for method in level_order(list(servers), i):
-            print(f"{method}:", flush=True)
-            results[method]["levels"][str(concurrency)] = bench_level(servers[method], models[method], prompts,
-                                                                      concurrency, args)
-    return {method: results[method] for method in servers}
+    turn = 0
+    for concurrency in args.concurrency:
+        runs: dict[str, list[tuple[float, list[RequestResult]]]] = {method: [] for method in servers}
+        for _ in range(args.repeats):
+            for method in level_order(list(servers), turn):
+                print(f"{method}:", flush=True)
+                runs[method].append(run_once(servers[method], models[method], prompts, concurrency, args))
+            turn += 1
+        for method in servers:
+            results[method]["levels"][str(concurrency)] = level_record(runs[method])
+    return results
 
 
 def compare(results: dict[str, Any], args: argparse.Namespace, reference: dict[str, Any] | None = None) -> list[str]:

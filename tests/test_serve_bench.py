@@ -99,6 +99,28 @@ def test_one_server_at_a_time(bench, model_dirs, tmp_path, capsys):
     assert turns == ["ar", "default"], printed
 
 
+def test_repeats_take_turns_and_add_up(bench, model_dirs, tmp_path, capsys):
+    """``--repeats 2``: each level runs twice per method, the order reversed at every run; the level's figures are
+    over both runs (all tokens over all wall time), each run's tok/s beside."""
+    target_dir, drafter_dir = model_dirs
+    out = tmp_path / "serve.json"
+    rc = bench.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
+                     "--methods", "ar", "default", "--concurrency", "2", "--num_prompts", "1", "--repeats", "2",
+                     "--max_tokens", "6", "--threads", "1", "--no_runpy_reference", "--output_json", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    report = json.loads(out.read_text())
+    turns = [line.rstrip(":") for line in printed.splitlines() if line in ("ar:", "default:")]
+    assert turns == ["ar", "default", "default", "ar"], printed
+    for method in ("ar", "default"):
+        level = report["results"][method]["levels"]["2"]
+        summary = level["summary"]
+        assert summary["requests"] == 4 and [r["prompt"] for r in level["requests"]] == [0, 0, 1, 1]
+        runs = summary["runs_tokens_per_second"]
+        assert len(runs) == 2 and min(runs) <= summary["total_tokens_per_second"] <= max(runs)
+    assert report["results"]["default"]["levels"]["2"]["summary"]["outputs_equal_ar"] == "4/4"
+
+
 def test_level_order_alternates(bench):
     assert [bench.level_order(["a", "b", "c"], i) for i in range(3)] == [["a", "b", "c"], ["c", "b", "a"],
                                                                         ["a", "b", "c"]]
