@@ -82,37 +82,24 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
     assert "run.py's runtime in-process on the same prompts" in printed and "concurrency 1: the server's" in printed
 
 
-def test_one_server_at_a_time(bench, model_dirs, tmp_path, capsys):
-    """``--one_server_at_a_time`` (models that do not fit twice): each server runs all its levels, then stops."""
+def test_one_server_at_a_time_and_repeats(bench, model_dirs, tmp_path, capsys):
+    """``--one_server_at_a_time`` (models that do not fit twice): each server runs all its levels, then stops.
+    ``--repeats 2``: each level runs twice per method; its figures are over both runs (all tokens over all wall time),
+    each run's tok/s beside. (Interleaved, the turns of every run follow ``level_order``.)"""
     target_dir, drafter_dir = model_dirs
     out = tmp_path / "serve.json"
     rc = bench.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
-                     "--methods", "ar", "default", "--concurrency", "1", "2", "--num_prompts", "1",
+                     "--methods", "ar", "default", "--concurrency", "1", "2", "--num_prompts", "1", "--repeats", "2",
                      "--max_tokens", "6", "--threads", "1", "--no_runpy_reference", "--one_server_at_a_time",
                      "--output_json", str(out)])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     report = json.loads(out.read_text())
     assert report["problems"] == [] and set(report["results"]) == {"ar", "default"}
-    assert all(set(report["results"][m]["levels"]) == {"1", "2"} for m in ("ar", "default"))
     turns = [line.rstrip(":") for line in printed.splitlines() if line in ("ar:", "default:")]
     assert turns == ["ar", "default"], printed
-
-
-def test_repeats_take_turns_and_add_up(bench, model_dirs, tmp_path, capsys):
-    """``--repeats 2``: each level runs twice per method, the order reversed at every run; the level's figures are
-    over both runs (all tokens over all wall time), each run's tok/s beside."""
-    target_dir, drafter_dir = model_dirs
-    out = tmp_path / "serve.json"
-    rc = bench.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
-                     "--methods", "ar", "default", "--concurrency", "2", "--num_prompts", "1", "--repeats", "2",
-                     "--max_tokens", "6", "--threads", "1", "--no_runpy_reference", "--output_json", str(out)])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
-    report = json.loads(out.read_text())
-    turns = [line.rstrip(":") for line in printed.splitlines() if line in ("ar:", "default:")]
-    assert turns == ["ar", "default", "default", "ar"], printed
     for method in ("ar", "default"):
+        assert set(report["results"][method]["levels"]) == {"1", "2"}
         level = report["results"][method]["levels"]["2"]
         summary = level["summary"]
         assert summary["requests"] == 4 and [r["prompt"] for r in level["requests"]] == [0, 0, 1, 1]
