@@ -612,7 +612,8 @@ class GraphedDecoder:
         tree = DeviceTree(tokens=live["tokens"], parents=live["parents"], depths=live["depths"],
                           valid=live["valid"], num_nodes=live["num_nodes"], scores=live["scores"])
         path, length, bonus = walk_device(tree, live["choices"], width)
-        self.target.cache.compact(past, path)
+        if width > 1:  # a one-node path is the root, already at its slot: compaction would copy it onto itself
+            self.target.cache.compact(past, path)
         if self.proposer is not None and "features" in live:
             features = live["features"].gather(1, path[:, :, None].expand(-1, -1, live["features"].shape[-1]))
             self.proposer.extend(features, past)
