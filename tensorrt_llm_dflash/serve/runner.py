@@ -68,9 +68,10 @@ class BatchRunner(Protocol):
       fails, nobody else is touched).
     * ``step(waiting)``: one step of every admitted row; ``{slot: RowStep}`` for each row that committed
       tokens. ``waiting`` is how many requests wait for a slot (a runner may pace a batch nobody waits
-      behind by its slowest row; it never changes what a row commits at T = 0). Rows are independent: what one row commits never depends on the others (at T = 0 token for
-      token; at T > 0 in distribution, and token for token under a fixed tree, whose draws come from the
-      row's own seed alone).
+      behind by its slowest row; it never changes what a row commits at T = 0). Rows are independent:
+      what one row commits never depends on the others (at T = 0 token for token; at T > 0 in
+      distribution, and token for token under a fixed tree, whose draws come from the row's own seed
+      alone).
     * ``release(slot)``: the row is finished or its client is gone; the slot may be admitted again.
       Releasing a free slot is a no-op.
     """
