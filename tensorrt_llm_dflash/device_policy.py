@@ -34,6 +34,7 @@ which tree is verified, never what is accepted.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -258,14 +259,22 @@ class SizeChooser:
     where a size's estimate passes the row's remaining tokens (its last step or two).
 
     An AR step drafts nothing, so the estimates it decides from go stale. After ``backoff`` AR steps in a row it
-    drafts once (a probe, at the best drafted size) to refresh them; each probe that AR survives doubles
-    ``backoff`` (up to ``max_backoff``), and a step where speculation wins resets it to 1. So when speculation
-    does not pay at this batch, at most one step in ``max_backoff + 1`` is spent finding that out.
+    drafts once (a probe, at the best drafted size) to refresh them, and a step where speculation wins resets
+    ``backoff`` to 1. Each probe that AR survives doubles ``backoff``, and more when the probe's own estimates
+    say the next one would lose much: a probe at size ``p`` whose rate falls short of AR's by a share ``d``
+    costs ``d * cost(p) / cost(1)`` AR steps, so the gap grows to at least that over ``probe_share`` (up to
+    ``max_backoff``). At batch 16 on the 2-core EPYC a probe lost ~0.7 AR steps; doubling from 1 spent 6-7 of
+    them on every 128-token request, 3-5% of AR's pace, the gap by which the default trailed AR there. When
+    speculation does not pay at this batch, at most one step in ``max_backoff + 1`` is a probe, and while the
+    gap is below ``max_backoff`` the probes cost at most ``probe_share`` of the AR steps between them (plus the
+    doubling's first few).
     """
 
     sizes: tuple[int, ...]
     start: int = POLICY_START
     max_backoff: int = 64
+    #: The share of the AR steps between probes that a losing probe may cost (it sets the gap after it).
+    probe_share: float = 0.01
     decay: float = 0.98
     #: AR steps to run before the next probe, and AR steps run since the last drafted step.
     backoff: int = 1
@@ -279,6 +288,8 @@ class SizeChooser:
     _pending: tuple[int, float] | None = field(init=False, default=None)
     #: The mean estimate of the rows at the last choice that had one: what a batch of new rows counts as.
     typical: list[float] | None = field(init=False, default=None)
+    #: The last choice was a probe: the next AR choice sets the gap from the probe's fresh estimates.
+    _probed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.sizes = tuple(sorted(int(s) for s in self.sizes))
@@ -327,16 +338,29 @@ class SizeChooser:
             return self.start
         rate = self._rates(rows, costs, remaining)
         best = max(self.sizes, key=rate.get)  # the first maximum: the smaller size
+        probed, self._probed = self._probed, False
         if best == 1:
+            if probed:  # AR survived the probe: wait longer the more the next one would lose
+                self.backoff = min(max(self.backoff, math.ceil(self.probe_loss(rate, costs) / self.probe_share)),
+                                   self.max_backoff)
             if self.ar_run < self.backoff:
                 self.ar_run += 1
                 return 1
             self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
             best = max(self.drafted, key=rate.get)  # a probe
+            self._probed = True
         else:
             self.ar_run, self.backoff = 0, 1
         self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
+
+    def probe_loss(self, rate: dict[int, float], costs: Sequence[float]) -> float:
+        """What a probe at the best drafted size would cost, in AR steps: its time in AR steps times its shortfall
+        from AR's rate (``rate``: each size's worth per second, as :meth:`_rates` gives it)."""
+        probe = max(self.drafted, key=rate.get)
+        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        shortfall = max(0.0, 1.0 - rate[probe] / rate[1])
+        return shortfall * seconds[probe] / seconds[1]
 
     def _rates(self, rows: list[list[float]], costs: Sequence[float],
                remaining: Sequence[int] | None = None) -> dict[int, float]:

@@ -4,7 +4,7 @@ curves (deterministic, no timing), and the device side's per-row estimates and p
 * The choice is the size with the most expected tokens per second for the whole batch (brute force over random
   batches and curves), AR included: where AR wins on the batch's own curve it is chosen, so speculation never
   costs the batch throughput against AR at the same concurrency, except for the back-off's probes, which
-  thin out (doubling gaps, at most one step in 65).
+  thin out (doubling gaps, longer the more a probe loses; at most one step in 65).
 * A size whose steps deliver fewer tokens than it promised is scaled down until it stops being chosen.
 * A row not drafted for yet counts as the mean of the others; a batch with no estimate starts at the start size.
 * ``expected_tokens`` is 1 + the sum of the best ``size - 1`` path values; ``learn`` ignores padding rows.
@@ -57,17 +57,40 @@ def test_the_choice_has_the_most_tokens_per_second_for_the_batch():
 
 
 def test_where_no_tree_pays_ar_runs_and_the_probes_back_off():
-    """A batch where AR wins every time: the chooser says AR, drafting once after 1, 2, 4, ... 64 AR steps to refresh
-    its estimates (stale ones cannot tell when trees would pay again); the gaps never exceed 64."""
+    """A batch where AR wins by far: the chooser says AR and drafts once (a probe) to refresh its estimates, stale
+    ones cannot tell when trees would pay again. This probe loses 0.8 AR steps (rate 4.8 against AR's 8 over a
+    2-AR-step probe), so after it the gap jumps to the longest, 64 AR steps (1% of the AR steps between probes
+    would allow 80), instead of doubling from 1: three probes in 200 steps, not seven."""
     chooser = SizeChooser(SIZES)
     rows = [[1.2, 1.3, 1.35, 1.4, 1.4, 1.4]] * 8
     costs = [1.0 * size for size in SIZES]  # every node costs a row's step: 8 / 1.0 for AR beats any tree
+    assert chooser.probe_loss(chooser._rates(rows, costs), costs) == pytest.approx(0.8)
     choices = [chooser.choose(rows, costs) for _ in range(400)]
     probes = [i for i, size in enumerate(choices) if size > 1]
     gaps = np.diff([-1, *probes]) - 1  # AR steps before each probe
-    assert list(gaps[:7]) == [1, 2, 4, 8, 16, 32, 64] and set(gaps[7:]) == {64}
+    assert gaps[0] == 1 and set(gaps[1:]) == {64}
     assert all(choices[i] == 2 for i in probes)  # the probe drafts at the best drafted size
-    assert len(probes) <= 7 + 400 // 65
+    assert len(probes) == 1 + (400 - 2) // 65
+
+
+def test_a_probe_that_nearly_pays_is_retried_sooner():
+    """A probe that loses little: the gap doubles from what its loss allows. Here a probe at 2 nodes delivers 1.07
+    tokens a row at 1.2 s against AR's 1 at 1.1 s: a shortfall of 1.9% over 1.09 AR steps, 0.021 AR steps lost,
+    so 3 AR steps (1% of them: 0.03) before the next probe, then 6, 12, ... as AR keeps winning."""
+    chooser = SizeChooser(SIZES)
+    rows = [[1.07] * 6] * 4
+    costs = [1.0 + 0.1 * size for size in SIZES]
+    assert chooser.probe_loss(chooser._rates(rows, costs), costs) == pytest.approx(0.0209, abs=1e-4)
+    choices = [chooser.choose(rows, costs) for _ in range(300)]
+    probes = [i for i, size in enumerate(choices) if size > 1]
+    assert list(np.diff([-1, *probes])[:8] - 1) == [1, 3, 6, 12, 24, 48, 64, 64]
+    # Rows that accept a little better: the probe's own rate decides, not the count of probes so far.
+    better = SizeChooser(SIZES)
+    worse = SizeChooser(SIZES)
+    for chooser, value in ((better, 1.08), (worse, 1.03)):
+        for _ in range(3):
+            chooser.choose([[value] * 6] * 4, costs)
+    assert better.backoff < worse.backoff
 
 
 def test_a_probe_that_finds_speculation_paying_resets_the_back_off():
