@@ -879,11 +879,11 @@ class GraphedDecoder:
         pasts = [state.past for row, state in self.requests.items() if row < bucket]
         return self.window_for(max(pasts, default=0) + self.span)
 
-    def _plan(self, stepping: list[int], waiting: int = 0) -> None:
+    def _plan(self, stepping: list[int], draining: bool = False) -> None:
         """Everything the next step needs, decided on the host from what it knows: the batch bucket, the capacity
-        (grown if a row needs more), the window, the sampling class, the tree size (for a batch that is draining,
-        no request ``waiting`` for a row, the pace of its slowest row: ``SizeChooser``), and on the device each
-        row's depth limit (-1 for padding rows) and uniforms."""
+        (grown if a row needs more), the window, the sampling class, the tree size (for a batch that is
+        ``draining``, the pace of its slowest row: ``SizeChooser``), and on the device each row's depth limit (-1
+        for padding rows) and uniforms."""
         bucket = self.bucket_for(stepping[-1] + 1)
         need = max(state.past for row, state in self.requests.items() if row < bucket) + self.span
         if need > self.capacity:
@@ -895,7 +895,7 @@ class GraphedDecoder:
         if self.chooser is not None:
             costs = self.step_costs(kind, bucket)
             # A lone row keeps the batch rule (the two agree but at its last tokens): what run.py's decoder runs.
-            remaining = [self.requests[row].remaining for row in stepping] if not waiting and len(stepping) > 1 \
+            remaining = [self.requests[row].remaining for row in stepping] if draining and len(stepping) > 1 \
                 else None
             self.nodes = deepest = self.chooser.choose([self.requests[row].expected for row in stepping], costs,
                                                        remaining)
@@ -922,16 +922,17 @@ class GraphedDecoder:
 
     @torch.inference_mode()
     def step(self, rows: Collection[int] | None = None, stage_seconds: dict[str, float] | None = None, *,
-             waiting: int = 0) -> dict[int, RowResult]:
+             draining: bool = False) -> dict[int, RowResult]:
         """One step of the admitted rows (``rows``: only those; the others in the bucket are padding this time):
         ``{row: RowResult}`` for each row that stepped. A row that has committed its ``max_new_tokens`` does not
-        step (its caller releases it). ``waiting``: requests waiting for a row (the cost-aware tree paces a
-        batch that nobody waits behind by its slowest row)."""
+        step (its caller releases it). ``draining``: no more requests will come, so the batch is done when its
+        slowest row is (the cost-aware tree paces it by that row: ``SizeChooser``, "Draining"); only a caller
+        that knows its queue is empty says so (:meth:`generate_many`, not a server)."""
         chosen = self.requests if rows is None else rows
         stepping = sorted(row for row in chosen if row in self.requests and self.requests[row].remaining > 0)
         if not stepping:
             return {}
-        self._plan(stepping, waiting)
+        self._plan(stepping, draining)
         bucket, captured = self.bucket, self.capture_seconds
         start = time.perf_counter()
         try:
@@ -1034,7 +1035,7 @@ class GraphedDecoder:
                 if outputs[i].emit([self.admit(row, prompts[i], max_new_tokens)]):
                     self.release(row)
                     del row_of[row]
-            for row, result in self.step(list(row_of), waiting=len(waiting)).items():
+            for row, result in self.step(list(row_of), draining=not waiting).items():
                 i = row_of[row]
                 stats[i].steps += 1
                 stats[i].acceptance_lengths.append(len(result.tokens))

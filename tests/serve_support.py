@@ -73,7 +73,7 @@ class SlowRunner:
     def admit(self, slot: int, row: RowRequest) -> None:
         self.inner.admit(slot, row)
 
-    def step(self, waiting: int = 0) -> dict[int, RowStep]:
+    def step(self) -> dict[int, RowStep]:
         time.sleep(self.seconds)
         return self.inner.step()
 

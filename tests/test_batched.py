@@ -109,8 +109,7 @@ class Schedule:
                     del row_of[row]
             if not row_of and not waiting:
                 return self
-            arrived = sum(1 for i in waiting if self.admit_at[i] <= step)  # waiting for a row, as a server counts
-            results = decoder.step(waiting=arrived)
+            results = decoder.step()  # a server never drains (serve/runner.py says why)
             if results:
                 self.buckets.append(decoder.bucket)
             for row, result in results.items():
@@ -425,10 +424,10 @@ def test_the_cost_aware_tree_follows_the_batchs_own_cost_curve():
     assert min(gpu_full) >= 4 and min(gpu_alone) >= 4, (gpu_full, gpu_alone)
 
 
-def test_a_batch_nobody_waits_behind_is_paced_by_its_slowest_row(monkeypatch):
-    """``step(waiting=0)`` with several rows hands the chooser every row's remaining tokens (the batch is draining:
-    ``SizeChooser`` paces it by the row that would finish last); with requests waiting, or with one row, it does
-    not. Every row is still its own greedy output (float64), and drained steps verify trees where they pay."""
+def test_a_draining_decoder_hands_the_chooser_each_rows_remaining_tokens(monkeypatch):
+    """``step(draining=True)`` with several rows hands the chooser every row's remaining tokens (``SizeChooser``
+    paces the batch by the row that would finish last); not draining, or with one row, it does not. Every row is
+    still its own greedy output (float64), and drained steps verify trees where they pay."""
     calls: list[tuple[int, list[int] | None]] = []
     choose = SizeChooser.choose
 
@@ -452,11 +451,11 @@ def test_a_batch_nobody_waits_behind_is_paced_by_its_slowest_row(monkeypatch):
         live = sorted(decoder.requests)
         if not live:
             break
-        waiting = 2 if step % 3 == 0 else 0
+        draining = step % 3 != 0
         left = [decoder.requests[row].remaining for row in live]
         calls.clear()
-        results = decoder.step(waiting=waiting)
-        drained = waiting == 0 and len(live) > 1
+        results = decoder.step(draining=draining)
+        drained = draining and len(live) > 1
         assert calls == [(len(live), left if drained else None)], (step, calls)
         for row, result in results.items():
             outputs[row] += result.tokens
@@ -465,6 +464,30 @@ def test_a_batch_nobody_waits_behind_is_paced_by_its_slowest_row(monkeypatch):
                 decoder.release(row)
     assert [outputs[row][: lengths[row]] for row in range(3)] == references
     assert max(sizes[True]) > 1 and sizes[False], sizes  # flat costs: trees pay even for the slowest row
+
+
+def test_generate_many_drains_only_once_its_queue_is_empty(monkeypatch):
+    """``generate_many`` knows its queue: while prompts wait for a row the chooser gets the batch rule, and once the
+    last prompt is in, every step of several rows is a draining one (remaining tokens handed over). Outputs are
+    still each prompt's own greedy output."""
+    calls: list[tuple[int, bool]] = []
+    choose = SizeChooser.choose
+
+    def recording(self, expected, costs, remaining=None):
+        calls.append((len(expected), remaining is not None))
+        return choose(self, expected, costs, remaining)
+
+    monkeypatch.setattr(SizeChooser, "choose", recording)
+    model = tiny_target("llama", seed=4, dtype=torch.float64)
+    prompts = prompts_of(9, (5, 8, 3, 7, 6))
+    decoder = GraphedDecoder(model, ScriptedRows(2, 8, 64, noise=0.2, seed=3), budget=None, batch=2,
+                             policy_buckets=(1, 2, 4, 8), policy_costs=flat_costs)
+    results = decoder.generate_many(prompts, 12, admit_every=0)
+    assert [r.output_ids for r in results] == [hf_greedy(model, p, 12) for p in prompts]
+    drained = [d for _, d in calls]
+    first = drained.index(True)  # the first step after the last prompt took its row
+    assert first > 0 and not any(drained[:first])
+    assert all(d for rows, d in calls[first:] if rows > 1)  # one row left: the batch rule (they agree there)
 
 
 def test_step_costs_are_measured_per_batch_bucket(monkeypatch):

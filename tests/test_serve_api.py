@@ -369,7 +369,7 @@ class FailingRunner(SlowRunner):
 
     failing = False
 
-    def step(self, waiting: int = 0) -> dict[int, RowStep]:
+    def step(self) -> dict[int, RowStep]:
         if self.failing:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return self.inner.step()

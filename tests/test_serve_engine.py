@@ -43,7 +43,6 @@ class ScriptedRunner:
         self.admitted: list[tuple[int, list[int]]] = []
         self.released: list[int] = []
         self.live_per_step: list[frozenset[int]] = []
-        self.waiting_per_step: list[int] = []
         self.gate: threading.Event | None = None
         self.fail_next_step = False
         self.commit_nothing = False
@@ -58,12 +57,11 @@ class ScriptedRunner:
         self.admission_of[slot] = len(self.admitted)
         self.admitted.append((slot, list(row.prompt_ids)))
 
-    def step(self, waiting: int = 0) -> dict[int, RowStep]:
+    def step(self) -> dict[int, RowStep]:
         if self.gate is not None:
             assert self.gate.wait(30), "the test never opened the gate"
         time.sleep(self.step_seconds)
         self.live_per_step.append(frozenset(self.admission_of[slot] for slot in self.rows))
-        self.waiting_per_step.append(waiting)
         if self.fail_next_step:
             self.fail_next_step = False
             raise RuntimeError("device lost")
@@ -161,9 +159,6 @@ def test_rows_are_filled_in_order_and_refilled_while_others_run(started):
     assert joined_mid_run
     assert sorted(runner.released) == sorted(slot for slot, _ in runner.admitted)
     assert engine.metrics.value("requests_finished_total", finish_reason="length") == 10
-    # Each step is told how many requests wait for a row: 7 once three rows are busy, none at the end.
-    assert max(runner.waiting_per_step) == 7 and runner.waiting_per_step[-1] == 0
-    assert runner.waiting_per_step[1:] == sorted(runner.waiting_per_step[1:], reverse=True)
 
 
 def test_past_rows_plus_queue_requests_are_refused_with_a_reason(started):
@@ -275,7 +270,7 @@ def test_run_steps_on_the_calling_thread_and_a_second_start_is_refused():
     runner = ScriptedRunner(max_batch=1)
     stepped_on: set[int] = set()
     step = runner.step
-    runner.step = lambda waiting=0: (stepped_on.add(threading.get_ident()), step(waiting))[1]
+    runner.step = lambda: (stepped_on.add(threading.get_ident()), step())[1]
     engine = Engine(runner, TOKENIZER, max_queue=1)
     ready = threading.Event()
     thread = threading.Thread(target=engine.run, kwargs={"ready": ready.set})
@@ -303,7 +298,7 @@ def test_the_server_builds_the_model_and_steps_it_on_one_thread(monkeypatch):
     seen: dict[str, set[int]] = {"build": set(), "step": set()}
 
     class Recording(ScriptedRunner):
-        def step(self, waiting=0):
+        def step(self):
             seen["step"].add(threading.get_ident())
             return super().step()
 

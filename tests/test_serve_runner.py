@@ -133,6 +133,28 @@ def test_rows_of_a_batch_are_independent(models, budget):
             assert alone == models.solo_ids(row.prompt_ids, row.max_new_tokens)
 
 
+def test_the_server_never_paces_a_batch_by_its_slowest_row(models, monkeypatch):
+    """A server cannot tell the last requests of a burst from clients that send the next request as soon as one is
+    answered (nobody waits at any step either way), so its steps use the batch rule: the chooser never gets the
+    rows' remaining tokens, even with several rows and an empty queue."""
+    from tensorrt_llm_dflash.device_policy import SizeChooser
+
+    handed: list[bool] = []
+    choose = SizeChooser.choose
+
+    def recording(self, expected, costs, remaining=None):
+        handed.append(remaining is not None)
+        return choose(self, expected, costs, remaining)
+
+    monkeypatch.setattr(SizeChooser, "choose", recording)
+    runner = GraphedRunner(models.spec(None), max_batch=4)
+    for slot, text in enumerate(("ab", "def add(a, b):", "hello")):
+        runner.admit(slot, RowRequest(models.encode(text), 10, SamplingParams()))
+    for _ in range(6):
+        runner.step()
+    assert handed and not any(handed)
+
+
 def test_free_rows_below_busy_ones_are_packed(models):
     """Three requests in rows 0-2; rows 0 and 1 finish: the third moves to row 0 and steps in bucket 1. Its tokens and
     its acceptance per step are those of its solo run (its cache and its drafter context moved with it)."""

@@ -312,9 +312,7 @@ class Engine:
 
     def _step(self) -> None:
         try:
-            with self._cond:
-                waiting = len(self._waiting)
-            results = self.runner.step(waiting)
+            results = self.runner.step()
         except Exception as err:  # noqa: BLE001 - fail this step's rows, keep serving the others to come
             log.error("runner.step() failed:\n%s", traceback.format_exc())
             for slot in list(self._rows):

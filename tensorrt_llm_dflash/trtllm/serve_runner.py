@@ -84,7 +84,7 @@ class EngineServeRunner:
         self.batch.check(request)
         self._waiting[slot] = request
 
-    def step(self, waiting: int = 0) -> dict[int, RowStep]:
+    def step(self) -> dict[int, RowStep]:
         results: dict[int, RowStep] = {}
         committed = self.batch.step()
         for slot, row in self._rows.items():
