@@ -18,7 +18,7 @@ the graph, and it must be chosen *before* the launch, without reading the device
    the host copies anyway (the one copy per step). The host sums them over the rows that step next
    (a batch runs one tree size: one CUDA graph per batch bucket and size) and divides by the measured
    seconds of a step of that many rows and nodes; a plain AR step (size 1, one token per row) competes
-   too, so speculation is chosen only where it beats AR at the same batch (when no request waits for a row,
+   too, so speculation is chosen only where it beats AR at the same batch (when no more requests will come,
    where the batch's slowest row moves fastest: "Draining" in :class:`SizeChooser`). The choice lags one step
    behind the values it is made from; consecutive steps' acceptance is strongly correlated, and the
    lag costs no sync;
@@ -249,8 +249,9 @@ class SizeChooser:
     by that share (a size not run yet takes the share of the largest smaller size that has run), so a size that
     over-promises stops being chosen where its real rate is below AR's.
 
-    **Draining.** Given ``remaining`` (each row's tokens still to come), the batch is draining: nobody waits for
-    a row, so a row that finishes early frees nothing, and the batch is done when its slowest row is. Then the
+    **Draining.** Given ``remaining`` (each row's tokens still to come), the batch is draining: no more requests
+    will come, so a row that finishes early frees nothing, and the batch is done when its slowest row is (only a
+    caller that knows its queue is empty says so: ``GraphedDecoder.generate_many``, never a server). Then the
     size is the one at which the row that would finish last progresses fastest, ``min over rows of
     min(E_r(n), R_r) / R_r / cost(n)``, rather than the most tokens for the batch: a tree that pays for the rows
     that accept well but slows the one that accepts badly lengthens the whole batch. (At batch 16 on the 2-core
