@@ -838,8 +838,18 @@ def test_default_runs_what_run_py_runs_on_each_device(monkeypatch):
     assert calls == ["graphed", "eager"]
 
 
-def test_auto_graph_reports_drafted_steps_and_lookup_tokens(tiny_pair, tmp_path):
-    """The graphed cost-aware tree's records carry what the eager one's do: which steps drafted, lookup-only tokens."""
+def test_auto_graph_reports_drafted_steps_and_lookup_tokens(tiny_pair, tmp_path, monkeypatch):
+    """The graphed cost-aware tree's records carry what the eager one's do: which steps drafted, lookup-only tokens.
+    Its step costs are flat here (trees pay), so steps draft whatever this machine's timing: on measured costs a
+    tiny target can make AR win, and after a probe that loses the next one is up to 64 steps away."""
+    from tensorrt_llm_dflash import graphed
+
+    class FlatCosts(graphed.GraphedDecoder):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "policy_costs": lambda bucket, size: 1.0 + 1e-3 * size,
+                                       "refine_costs": False})
+
+    monkeypatch.setattr(graphed, "GraphedDecoder", FlatCosts)
     target, drafter = tiny_pair
     methods = bench.parse_methods(["ar", "auto-graph"])
     ctx = bench.BenchContext(target, 12, SamplingParams(), drafter=drafter)
