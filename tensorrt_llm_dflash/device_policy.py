@@ -265,7 +265,7 @@ class SizeChooser:
     say the next one would lose much: a probe at size ``p`` whose rate falls short of AR's by a share ``d``
     costs ``d * cost(p) / cost(1)`` AR steps, so the gap grows to at least that over ``probe_share`` (up to
     ``max_backoff``). At batch 16 on the 2-core EPYC a probe lost ~0.7 AR steps; doubling from 1 spent 6-7 of
-    them on every 128-token request, 3-5% of AR's pace, the gap by which the default trailed AR there. When
+    them on every 128-token request, 3-5% of AR's pace. When
     speculation does not pay at this batch, at most one step in ``max_backoff + 1`` is a probe, and while the
     gap is below ``max_backoff`` the probes cost at most ``probe_share`` of the AR steps between them (plus the
     doubling's first few).
