@@ -289,8 +289,6 @@ class SizeChooser:
     _pending: tuple[int, float] | None = field(init=False, default=None)
     #: The mean estimate of the rows at the last choice that had one: what a batch of new rows counts as.
     typical: list[float] | None = field(init=False, default=None)
-    #: The last choice was a probe: the next AR choice sets the gap from the probe's fresh estimates.
-    _probed: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         self.sizes = tuple(sorted(int(s) for s in self.sizes))
@@ -339,9 +337,9 @@ class SizeChooser:
             return self.start
         rate = self._rates(rows, costs, remaining)
         best = max(self.sizes, key=rate.get)  # the first maximum: the smaller size
-        probed, self._probed = self._probed, False
         if best == 1:
-            if probed:  # AR survived the probe: wait longer the more the next one would lose
+            if self.ar_run == 0 and self.backoff > 1:  # the last step was a probe (a win resets backoff to 1)
+                # AR survived it: wait longer the more the next one would lose, by the probe's fresh estimates
                 self.backoff = min(max(self.backoff, math.ceil(self.probe_loss(rate, costs) / self.probe_share)),
                                    self.max_backoff)
             if self.ar_run < self.backoff:
@@ -349,7 +347,6 @@ class SizeChooser:
                 return 1
             self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
             best = max(self.drafted, key=rate.get)  # a probe
-            self._probed = True
         else:
             self.ar_run, self.backoff = 0, 1
         self._pending = (best, self._totals(rows)[best] - len(rows))

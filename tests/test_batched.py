@@ -126,6 +126,19 @@ class Schedule:
         return self.tokens[i][: self.lengths[i]]
 
 
+def record_choices(monkeypatch) -> list[tuple[int, list[int] | None]]:
+    """Every ``SizeChooser.choose`` call from now on, as (rows, remaining tokens handed over or None)."""
+    calls: list[tuple[int, list[int] | None]] = []
+    choose = SizeChooser.choose
+
+    def recording(self, expected, costs, remaining=None):
+        calls.append((len(expected), None if remaining is None else list(remaining)))
+        return choose(self, expected, costs, remaining)
+
+    monkeypatch.setattr(SizeChooser, "choose", recording)
+    return calls
+
+
 def cpu_like_costs(bucket: int, size: int) -> float:
     """A curve where one row's step is mostly fixed overhead but several rows pay for every token, and for the
     draft (as on a CPU): trees pay at batch 1, no tree pays at batch 2 or more."""
@@ -428,14 +441,7 @@ def test_a_draining_decoder_hands_the_chooser_each_rows_remaining_tokens(monkeyp
     """``step(draining=True)`` with several rows hands the chooser every row's remaining tokens (``SizeChooser``
     paces the batch by the row that would finish last); not draining, or with one row, it does not. Every row is
     still its own greedy output (float64), and drained steps verify trees where they pay."""
-    calls: list[tuple[int, list[int] | None]] = []
-    choose = SizeChooser.choose
-
-    def recording(self, expected, costs, remaining=None):
-        calls.append((len(expected), None if remaining is None else list(remaining)))
-        return choose(self, expected, costs, remaining)
-
-    monkeypatch.setattr(SizeChooser, "choose", recording)
+    calls = record_choices(monkeypatch)
     model = tiny_target("llama", seed=3, dtype=torch.float64)
     prompts = prompts_of(4, (6, 9, 5))
     lengths = [40, 12, 24]
@@ -470,24 +476,17 @@ def test_generate_many_drains_only_once_its_queue_is_empty(monkeypatch):
     """``generate_many`` knows its queue: while prompts wait for a row the chooser gets the batch rule, and once the
     last prompt is in, every step of several rows is a draining one (remaining tokens handed over). Outputs are
     still each prompt's own greedy output."""
-    calls: list[tuple[int, bool]] = []
-    choose = SizeChooser.choose
-
-    def recording(self, expected, costs, remaining=None):
-        calls.append((len(expected), remaining is not None))
-        return choose(self, expected, costs, remaining)
-
-    monkeypatch.setattr(SizeChooser, "choose", recording)
+    calls = record_choices(monkeypatch)
     model = tiny_target("llama", seed=4, dtype=torch.float64)
     prompts = prompts_of(9, (5, 8, 3, 7, 6))
     decoder = GraphedDecoder(model, ScriptedRows(2, 8, 64, noise=0.2, seed=3), budget=None, batch=2,
                              policy_buckets=(1, 2, 4, 8), policy_costs=flat_costs)
     results = decoder.generate_many(prompts, 12, admit_every=0)
     assert [r.output_ids for r in results] == [hf_greedy(model, p, 12) for p in prompts]
-    drained = [d for _, d in calls]
+    drained = [left is not None for _, left in calls]
     first = drained.index(True)  # the first step after the last prompt took its row
     assert first > 0 and not any(drained[:first])
-    assert all(d for rows, d in calls[first:] if rows > 1)  # one row left: the batch rule (they agree there)
+    assert all(d for (rows, _), d in zip(calls[first:], drained[first:]) if rows > 1)  # one row: the batch rule
 
 
 def test_step_costs_are_measured_per_batch_bucket(monkeypatch):

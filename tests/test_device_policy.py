@@ -60,7 +60,7 @@ def test_where_no_tree_pays_ar_runs_and_the_probes_back_off():
     """A batch where AR wins by far: the chooser says AR and drafts once (a probe) to refresh its estimates, stale
     ones cannot tell when trees would pay again. This probe loses 0.8 AR steps (rate 4.8 against AR's 8 over a
     2-AR-step probe), so after it the gap jumps to the longest, 64 AR steps (1% of the AR steps between probes
-    would allow 80), instead of doubling from 1: three probes in 200 steps, not seven."""
+    would allow 80), instead of doubling from 1: seven probes in 400 steps, against eleven."""
     chooser = SizeChooser(SIZES)
     rows = [[1.2, 1.3, 1.35, 1.4, 1.4, 1.4]] * 8
     costs = [1.0 * size for size in SIZES]  # every node costs a row's step: 8 / 1.0 for AR beats any tree

@@ -20,6 +20,7 @@ import random
 import pytest
 import torch
 from serve_support import POLICY_BUCKETS, POLICY_COSTS, TinyModels
+from test_batched import record_choices
 from tiny_dirs import char_tokenizer
 from tiny_models import hf_greedy, tiny_drafter, tiny_target
 
@@ -137,22 +138,13 @@ def test_the_server_never_paces_a_batch_by_its_slowest_row(models, monkeypatch):
     """A server cannot tell the last requests of a burst from clients that send the next request as soon as one is
     answered (nobody waits at any step either way), so its steps use the batch rule: the chooser never gets the
     rows' remaining tokens, even with several rows and an empty queue."""
-    from tensorrt_llm_dflash.device_policy import SizeChooser
-
-    handed: list[bool] = []
-    choose = SizeChooser.choose
-
-    def recording(self, expected, costs, remaining=None):
-        handed.append(remaining is not None)
-        return choose(self, expected, costs, remaining)
-
-    monkeypatch.setattr(SizeChooser, "choose", recording)
+    calls = record_choices(monkeypatch)
     runner = GraphedRunner(models.spec(None), max_batch=4)
     for slot, text in enumerate(("ab", "def add(a, b):", "hello")):
         runner.admit(slot, RowRequest(models.encode(text), 10, SamplingParams()))
     for _ in range(6):
         runner.step()
-    assert handed and not any(handed)
+    assert calls and all(left is None for _, left in calls) and max(rows for rows, _ in calls) == 3
 
 
 def test_free_rows_below_busy_ones_are_packed(models):
