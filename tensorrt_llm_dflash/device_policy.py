@@ -259,6 +259,16 @@ class SizeChooser:
     tokens per second still left every burst of 16 requests 5-20% behind AR.) For one row the two rules differ only
     where a size's estimate passes the row's remaining tokens (its last step or two).
 
+    **Credit.** The most tokens per second for the batch can still slow one row: at batch 16 on the 2-core EPYC a
+    4-node step costs ~2.4 AR steps, the rows that accept well commit 3-4 tokens in it and one that accepts badly
+    1.5, so that row falls behind where plain AR would have brought it. In a server that row's client waits longer
+    than without speculation, and in a burst of requests (16 clients, one request each) it is the tail the whole
+    burst waits for: the rows that accept well finish early and the batch ends with a few slow rows in a small
+    bucket (0.87x AR at 16 clients, ``docs/serving.md``). Given ``credit`` (each row's tokens ahead of AR so far,
+    kept by the decoder: a step of ``k`` AR steps' cost that commits ``c`` tokens adds ``c - k``), ``choose`` keeps
+    to the sizes :meth:`affordable` for every row: none may fall behind AR's pace beyond what it is ahead, in
+    expectation. At batch 1 this is the same choice (a size that beats AR's rate is affordable).
+
     An AR step drafts nothing, so the estimates it decides from go stale. After ``backoff`` AR steps in a row it
     drafts once (a probe, at the best drafted size) to refresh them, and a step where speculation wins resets
     ``backoff`` to 1. Each probe that AR survives doubles ``backoff``, and more when the probe's own estimates
@@ -328,20 +338,22 @@ class SizeChooser:
         return (self.delivered[last] + DELIVERY_PRIOR) / (self.promised[last] + DELIVERY_PRIOR)
 
     def choose(self, expected: Sequence[Sequence[float] | None], costs: Sequence[float],
-               remaining: Sequence[int] | None = None) -> int:
+               remaining: Sequence[int] | None = None, credit: Sequence[float] | None = None) -> int:
         """The next size; ``costs`` holds seconds per size of ``sizes`` (ascending) at this batch bucket;
-        ``remaining`` (each row's tokens still to come) when the batch is draining (see the class docstring)."""
+        ``remaining`` (each row's tokens still to come) when the batch is draining; ``credit`` (each row's tokens
+        ahead of plain AR) to keep every row at least at AR's pace (see the class docstring)."""
         rows = self.rows(expected)
         self._pending = None
         if rows is None:
             return self.start
         rate = self._rates(rows, costs, remaining)
-        best = max(self.sizes, key=rate.get)  # the first maximum: the smaller size
+        allowed = self.affordable(rows, costs, credit)
+        best = max((s for s in self.sizes if s in allowed), key=rate.get)  # the first maximum: the smaller size
         if best == 1:
             if self.ar_run == 0 and self.backoff > 1:  # the last step was a probe (a win resets backoff to 1)
                 # AR survived it: wait longer the more the next one would lose, by the probe's fresh estimates
-                self.backoff = min(max(self.backoff, math.ceil(self.probe_loss(rate, costs) / self.probe_share)),
-                                   self.max_backoff)
+                loss = self.probe_loss(rate, costs, rows, credit)
+                self.backoff = min(max(self.backoff, math.ceil(loss / self.probe_share)), self.max_backoff)
             if self.ar_run < self.backoff:
                 self.ar_run += 1
                 return 1
@@ -352,13 +364,37 @@ class SizeChooser:
         self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
 
-    def probe_loss(self, rate: dict[int, float], costs: Sequence[float]) -> float:
+    def affordable(self, rows: list[list[float]], costs: Sequence[float],
+                   credit: Sequence[float] | None) -> set[int]:
+        """The sizes that slow no row below plain AR's pace beyond what it is ahead (``credit``: each row's tokens
+        ahead of AR): a size ``n`` whose step costs ``k = cost(n) / cost(1)`` AR steps is affordable when every row's
+        expected tokens ``t_r(n)`` (delivery share applied) satisfy ``t_r(n) - k >= -max(credit_r, 0)``. Every size
+        without ``credit`` or without an AR size to compare with; AR (``k = 1``, one token) always."""
+        if credit is None or 1 not in self.sizes:
+            return set(self.sizes)
+        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        allowed = {1}
+        for j, size in enumerate(self.drafted):
+            steps = seconds[size] / seconds[1]
+            share = self.share(size)
+            if all(1.0 + share * (row[j] - 1.0) - steps >= -max(float(c), 0.0) for row, c in zip(rows, credit)):
+                allowed.add(size)
+        return allowed
+
+    def probe_loss(self, rate: dict[int, float], costs: Sequence[float], rows: list[list[float]] | None = None,
+                   credit: Sequence[float] | None = None) -> float:
         """What a probe at the best drafted size would cost, in AR steps: its time in AR steps times its shortfall
-        from AR's rate (``rate``: each size's worth per second, as :meth:`_rates` gives it)."""
+        from AR's rate (``rate``: each size's worth per second, as :meth:`_rates` gives it), or with ``rows`` and
+        ``credit`` what it would put the row it slows most behind AR's pace, beyond that row's credit, if more."""
         probe = max(self.drafted, key=rate.get)
         seconds = dict(zip(self.sizes, (float(c) for c in costs)))
-        shortfall = max(0.0, 1.0 - rate[probe] / rate[1])
-        return shortfall * seconds[probe] / seconds[1]
+        steps = seconds[probe] / seconds[1]
+        loss = max(0.0, 1.0 - rate[probe] / rate[1]) * steps
+        if rows is not None and credit is not None:
+            j, share = self.drafted.index(probe), self.share(probe)
+            behind = max(steps - 1.0 - share * (row[j] - 1.0) - max(float(c), 0.0) for row, c in zip(rows, credit))
+            loss = max(loss, behind)
+        return loss
 
     def _rates(self, rows: list[list[float]], costs: Sequence[float],
                remaining: Sequence[int] | None = None) -> dict[int, float]:
@@ -378,13 +414,15 @@ class SizeChooser:
         return rates
 
     def choose_drafted(self, expected: Sequence[Sequence[float]], costs: Sequence[float],
-                       remaining: Sequence[int] | None = None) -> int:
+                       remaining: Sequence[int] | None = None, credit: Sequence[float] | None = None) -> int:
         """The drafted size for a step that is drafting already, from that step's own estimates (``expected``: each
         stepping row's expected committed tokens at every drafted size): the best as :meth:`choose` weighs them
-        (delivery share and draining included). Whether to draft at all stays :meth:`choose`'s call."""
+        (delivery share, draining and ``credit`` included; where no drafted size is affordable, the best of all).
+        Whether to draft at all stays :meth:`choose`'s call."""
         rows = [[float(v) for v in row] for row in expected]
         rate = self._rates(rows, costs, remaining)
-        best = max(self.drafted, key=rate.get)  # first maximum: the smaller size
+        allowed = [s for s in self.drafted if s in self.affordable(rows, costs, credit)] or list(self.drafted)
+        best = max(allowed, key=rate.get)  # first maximum: the smaller size
         self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
 

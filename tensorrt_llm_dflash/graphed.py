@@ -80,6 +80,10 @@ STEP_STAGES = ("draft", "tree_build", "tree_compile", "verify", "commit")
 #: Capacity granularity: a longer request re-allocates (and re-captures) in steps of this many slots; attention
 #: windows are this times a power of two.
 CAPACITY_STEP = 256
+#: On a CPU (no graph to capture per window) the attention window grows by this many slots, not by doubling: every
+#: row reads its K/V over the whole window, and a 16-row AR step of the embedded SmolLM2 cost 107 ms at 256 slots,
+#: 118-135 at 512 and 145-170 at 1024 (2-core EPYC, fp32, 2 threads).
+CPU_WINDOW_STEP = 64
 #: Sampling classes, cheapest first: one graph each where a batch needs it (the values are tensors, not graphs).
 SAMPLING_KINDS = ("greedy", "sampled", "filtered")
 #: Seconds of timed steps after which a cost measurement stops repeating (one warm-up step, then at least one).
@@ -169,6 +173,9 @@ class RowState:
     generator: torch.Generator | None
     #: Expected committed tokens at each drafted policy size, from the row's last drafted step (None: none yet).
     expected: list[float] | None = None
+    #: Tokens the row is ahead of plain AR steps of the same batches (``SizeChooser``'s "Credit"): each step of
+    #: ``k`` AR steps' measured cost that commits ``c`` tokens adds ``c - k`` (an AR step adds nothing).
+    credit: float = 0.0
 
     @property
     def remaining(self) -> int:
@@ -245,10 +252,13 @@ class GraphedDecoder:
             raise DFlashInputError(f"size_choice must be one of {sorted(SIZE_CHOICES)}, got {size_choice!r}")
         #: In-step choice: the rows stepping, their costs and (draining) remaining tokens while a step runs (None
         #: outside a step).
-        self._in_step: tuple[list[int], list[float], list[int] | None] | None = None
+        self._in_step: tuple[list[int], list[float], list[int] | None, list[float]] | None = None
         #: In-step choice under CUDA graphs: the candidates go through these static buffers, which every size's
         #: ``tree_compile`` graph reads (each capture's own outputs live in its graph's memory). Tests set it on a CPU.
         self.stash_candidates = self.use_graphs
+        #: Each step attends over the window its own rows and size need (``CPU_WINDOW_STEP``); off under graphs,
+        #: whose windows are the few shapes captured before any request.
+        self.exact_windows = not self.use_graphs
         self._stash: dict[str, torch.Tensor] = {}
         self.capture_seconds = 0.0
         self.capture_bytes = 0
@@ -383,7 +393,10 @@ class GraphedDecoder:
             self._grow(needed)
 
     def window_for(self, need: int) -> int:
-        """The attention window that holds ``need`` slots: ``CAPACITY_STEP`` times a power of two, or the capacity."""
+        """The attention window that holds ``need`` slots: ``CAPACITY_STEP`` times a power of two (one graph set
+        each), with ``exact_windows`` (a CPU) the next multiple of ``CPU_WINDOW_STEP``; at most the capacity."""
+        if self.exact_windows:
+            return min(max(-(-int(need) // CPU_WINDOW_STEP), 1) * CPU_WINDOW_STEP, self.capacity)
         window = CAPACITY_STEP
         while window < need:
             window *= 2
@@ -787,7 +800,8 @@ class GraphedDecoder:
                         if self.use_graphs and self._key() not in self._graphs:
                             self._graphs[self._key()] = self._capture()
             if self.policy is not None:
-                with self._shape(bucket, self.nodes, shape_windows[0], kind):
+                # Timed at a typical window (a CPU's first window, 64 slots, would price attention at almost nothing).
+                with self._shape(bucket, self.nodes, max(shape_windows[0], self.window_for(CAPACITY_STEP)), kind):
                     costs = self.step_costs(kind, bucket)
                 if bucket == 1:
                     self.policy.set_costs([c for size, c in zip(self.sizes(), costs) if size >= 2])
@@ -868,16 +882,25 @@ class GraphedDecoder:
     def _choose_in_step(self, expected: torch.Tensor) -> None:
         """``in_step``: the size from this step's own estimates (``[bucket, drafted sizes]``); the step goes on at it
         (the stages after ``tree_build`` read ``self.nodes``, or replay that size's graphs)."""
-        stepping, costs, remaining = self._in_step
-        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs, remaining)
+        stepping, costs, remaining, credit = self._in_step
+        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs, remaining, credit)
 
     # ------------------------------------------------------------------ the loop
 
-    def _window_needed(self, bucket: int) -> int:
+    def _window_needed(self, bucket: int, nodes: int | None = None) -> int:
         """The window a step of the first ``bucket`` rows needs: every row's next writes end before ``past + span``
-        (free rows sit at 0)."""
+        (free rows sit at 0), or with ``nodes`` before ``past + writes(nodes)``: a step of that size alone."""
         pasts = [state.past for row, state in self.requests.items() if row < bucket]
-        return self.window_for(max(pasts, default=0) + self.span)
+        return self.window_for(max(pasts, default=0) + (self.span if nodes is None else self.writes(nodes)))
+
+    def writes(self, nodes: int) -> int:
+        """Slots after ``past`` that a step of ``nodes`` nodes writes (and so attends over): an AR step its root
+        alone; a drafted one its tree, the compaction of a path (``min(path_width, nodes)``) and the drafter's block
+        (its K/V sit at ``past .. past + block - 1`` while it drafts)."""
+        if nodes <= 1:
+            return 1
+        block = self.proposer.block_size if self.proposer is not None else 1
+        return max(nodes, block)
 
     def _plan(self, stepping: list[int], draining: bool = False) -> None:
         """Everything the next step needs, decided on the host from what it knows: the batch bucket, the capacity
@@ -897,11 +920,16 @@ class GraphedDecoder:
             # A lone row keeps the batch rule (the two agree but at its last tokens): what run.py's decoder runs.
             remaining = [self.requests[row].remaining for row in stepping] if draining and len(stepping) > 1 \
                 else None
+            credit = [self.requests[row].credit for row in stepping]
             self.nodes = deepest = self.chooser.choose([self.requests[row].expected for row in stepping], costs,
-                                                       remaining)
+                                                       remaining, credit)
             if self.size_choice == "in_step" and self.nodes > 1:
                 # The candidates are built for the largest size; the tree stage picks the size from them.
-                self._in_step, deepest = (stepping, costs, remaining), max(self.sizes())
+                self._in_step, deepest = (stepping, costs, remaining, credit), max(self.sizes())
+        if self.exact_windows:
+            # On a CPU a step attends over what its own size writes: an AR step of the cost-aware tree reads no more
+            # of the cache than plain AR's (under graphs every size runs each window's graphs, captured before).
+            self.window = self._window_needed(bucket, deepest)
         positions = self.target.max_positions
         depths = [-1] * bucket
         for row in stepping:
@@ -946,18 +974,29 @@ class GraphedDecoder:
         self._collect_stage_times()
         results = {}
         width = self.path_width
+        ar_steps = self._ar_steps(bucket, nodes)
         for row in stepping:
             values = out[row]
             count = values[0]
             state = self.requests[row]
             state.past += count
             state.produced += count
+            state.credit += count - ar_steps
             if self.policy is not None and nodes > 1:
                 state.expected = [v / EXPECTED_SCALE for v in values[2 + width:]]
             results[row] = RowResult(values[1 : 1 + count], nodes, values[1 + width])
         if self.chooser is not None:
             self.chooser.observe(sum(len(r.tokens) for r in results.values()), len(results))
         return results
+
+    def _ar_steps(self, bucket: int, nodes: int) -> float:
+        """What a step of ``nodes`` nodes at ``bucket`` costs in plain AR steps of that bucket, by the step costs (1
+        where there is no AR size to compare with): one token per row is AR's pace."""
+        sizes = self.sizes()
+        costs = self._costs.get((self.kind, bucket))
+        if self.chooser is None or costs is None or 1 not in sizes:
+            return 1.0
+        return costs[sizes.index(nodes)] / costs[sizes.index(1)]
 
     def _copy_estimates(self, expected: torch.Tensor, stepping: list[int]) -> list[list[float]]:
         """``in_step``'s one extra read: the stepping rows' expected tokens at every drafted size."""

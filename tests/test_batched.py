@@ -131,9 +131,9 @@ def record_choices(monkeypatch) -> list[tuple[int, list[int] | None]]:
     calls: list[tuple[int, list[int] | None]] = []
     choose = SizeChooser.choose
 
-    def recording(self, expected, costs, remaining=None):
+    def recording(self, expected, costs, remaining=None, credit=None):
         calls.append((len(expected), None if remaining is None else list(remaining)))
-        return choose(self, expected, costs, remaining)
+        return choose(self, expected, costs, remaining, credit)
 
     monkeypatch.setattr(SizeChooser, "choose", recording)
     return calls
@@ -435,6 +435,68 @@ def test_the_cost_aware_tree_follows_the_batchs_own_cost_curve():
     assert cpu_full.count(1) >= len(cpu_full) - 3, cpu_full  # AR, but for the probes of the back-off
     assert max(cpu_alone) > 1  # one row: trees pay on the same curve's batch-1 row
     assert min(gpu_full) >= 4 and min(gpu_alone) >= 4, (gpu_full, gpu_alone)
+
+
+class UnsureRow(ScriptedRows):
+    """Scripted rows, but row ``unsure``'s drafts are near-uniform (its marginals fall in the lowest bins, as a
+    drafter's do on text it cannot predict): the policy's estimates for that row are low."""
+
+    def __init__(self, *args, unsure: int = 1, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.unsure = unsure
+
+    def draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        logits = super().draft(root, context_len, window)
+        if self.unsure < logits.shape[0]:
+            logits[self.unsure] *= 0.01
+        return logits
+
+
+def two_row_costs(bucket: int, size: int) -> float:
+    """A step of 8 nodes costs 2.7 AR steps at batch 2: worth it for a row that accepts well, not for one that
+    accepts nothing."""
+    return 1.0 + 0.1 * bucket * (size - 1) + (0.3 if size > 1 else 0.0)
+
+
+@pytest.mark.parametrize("credit", [True, False])
+def test_a_row_that_accepts_badly_keeps_ars_pace(credit, monkeypatch):
+    """Two rows: one whose drafts the target always accepts, one whose near-uniform drafts it never does. The batch's
+    most tokens per second verifies 8-node trees (2.7 AR steps for ~8 tokens and 1), and the bad row falls behind
+    where AR would have brought it; with each row's credit (``SizeChooser``'s "Credit") the batch runs AR but for
+    the first step and a probe, after which the probe's loss to the bad row stretches the back-off to its longest. The decoder keeps each row's credit as
+    its tokens less each step's cost in AR steps; both rows are their own greedy output (float64) either way."""
+    if not credit:  # the batch rule alone: every size affordable
+        monkeypatch.setattr(SizeChooser, "affordable", lambda self, rows, costs, credit: set(self.sizes))
+    model = tiny_target("qwen3", seed=6, dtype=torch.float64)
+    prompts = prompts_of(9, (7, 5))
+    lengths = [48, 48]
+    references = [hf_greedy(model, p, n) for p, n in zip(prompts, lengths)]
+    proposer = UnsureRow(2, 8, 64, noise=0.0, seed=3)
+    decoder = GraphedDecoder(model, proposer, budget=None, batch=2, policy_buckets=(1, 2, 4, 8),
+                             policy_costs=two_row_costs, lookup=False)  # the drafter's marginals alone
+    outputs, credits, sizes = {}, {0: 0.0, 1: 0.0}, []
+    for row, prompt in enumerate(prompts):
+        proposer.set_stream(row, prompt + (references[row] if row == 0 else [1] * 64))  # row 1: a wrong script
+        outputs[row] = [decoder.admit(row, prompt, lengths[row])]
+    while decoder.requests:
+        results = decoder.step()
+        for row, result in results.items():
+            outputs[row] += result.tokens
+            steps = two_row_costs(decoder.bucket, result.tree_size) / two_row_costs(decoder.bucket, 1)
+            credits[row] += len(result.tokens) - steps
+            assert decoder.requests[row].credit == pytest.approx(credits[row])
+            if len(results) == 2:
+                sizes.append(result.tree_size)
+            if len(outputs[row]) >= lengths[row]:
+                decoder.release(row)
+    assert [outputs[row][: lengths[row]] for row in (0, 1)] == references
+    drafted = [size for size in sizes[::2] if size > 1]  # one entry per row and step: per step
+    if credit:
+        # The first step (at the start size) and one probe, after which the probe's loss to the bad row (1.7 tokens
+        # of AR's pace) sets the back-off to its longest: 3.4 tokens lost, no more.
+        assert len(drafted) <= 2 and credits[1] > -4.0, (sizes, credits)
+    else:
+        assert len(drafted) == len(sizes) // 2 and credits[1] < -8.0, (sizes, credits)  # every step, 10.7 lost
 
 
 def test_a_draining_decoder_hands_the_chooser_each_rows_remaining_tokens(monkeypatch):

@@ -228,3 +228,51 @@ def test_one_row_drains_as_it_decodes_until_its_last_tokens():
         rows = random_rows(rng, 1)
         costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * size for size in SIZES]
         assert SizeChooser(SIZES).choose(rows, costs, remaining=[10**6]) == SizeChooser(SIZES).choose(rows, costs)
+
+
+def affordable_brute(rows: list[list[float]], costs: list[float], credit: list[float], size: int) -> bool:
+    """No row falls behind AR's pace in expectation beyond the tokens it is ahead."""
+    if size == 1:
+        return True
+    steps = costs[SIZES.index(size)] / costs[0]
+    return all(row[SIZES[1:].index(size)] - steps >= -max(c, 0.0) for row, c in zip(rows, credit))
+
+
+def test_credit_keeps_every_row_at_ar_pace_unless_it_is_ahead():
+    """The batch's most tokens per second can slow one row below AR's pace (the tail a burst of requests waits for,
+    SizeChooser's "Credit"). Three rows that accept well and one that accepts badly: 8 nodes wins for the batch, but a
+    step of 8 costs 3 AR steps and the bad row gains 1.6 tokens from it, so with no credit the batch runs AR. Once
+    the bad row is 1.5 tokens ahead of AR (an earlier step went well for it) it can afford 8 nodes (it would lose 1.4);
+    4 nodes (2.2 AR steps for 1.5 tokens) already with 0.75. Negative credit (a step that went badly) is no debt to repay."""
+    good, bad = [1.9, 3.5, 5.5, 7.0, 7.5, 7.6], [1.2, 1.5, 1.6, 1.6, 1.6, 1.6]
+    costs = [1.0, 1.6, 2.2, 3.0, 4.5, 8.0, 16.0]
+    rows = [good, good, good, bad]
+    assert SizeChooser(SIZES).choose(rows, costs) == 8  # the batch's tokens per second
+    assert SizeChooser(SIZES).choose(rows, costs, credit=[0.0] * 4) == 1
+    assert SizeChooser(SIZES).choose(rows, costs, credit=[0.0, 0.0, 0.0, -5.0]) == 1
+    assert SizeChooser(SIZES).choose(rows, costs, credit=[0.0, 0.0, 0.0, 0.75]) == 4
+    assert SizeChooser(SIZES).choose(rows, costs, credit=[0.0, 0.0, 0.0, 1.5]) == 8
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=[0.0, 0.0, 0.0, 0.75]) == 4
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=[0.0] * 4) == 8  # none affordable: the best of all
+    rng = np.random.default_rng(5)
+    seen = set()
+    for _ in range(300):
+        rows = random_rows(rng, int(rng.integers(1, 17)))
+        credit = [float(c) for c in rng.choice([0.0, 0.5, 2.0, -1.0], len(rows))]
+        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size + (2e-3 * len(rows) if size > 1 else 0.0)
+                 for size in SIZES]
+        choice = SizeChooser(SIZES).choose(rows, costs, credit=credit)
+        allowed = [size for size in SIZES if affordable_brute(rows, costs, credit, size)]
+        assert choice == max(allowed, key=lambda size: rate(rows, costs, size))
+        seen.add((choice > 1, choice == SizeChooser(SIZES).choose(rows, costs)))
+    assert seen >= {(True, True), (False, False)}  # trees chosen, and trees the batch rule wanted refused
+
+
+def test_one_row_takes_the_same_size_with_any_credit():
+    """At batch 1 a size that beats AR's rate keeps the row ahead of AR: credit changes nothing."""
+    rng = np.random.default_rng(6)
+    for _ in range(300):
+        rows = random_rows(rng, 1)
+        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * size + rng.choice([0.0, 2e-2]) * (size > 1) for size in SIZES]
+        credit = [float(rng.choice([0.0, 3.0, -2.0]))]
+        assert SizeChooser(SIZES).choose(rows, costs, credit=credit) == SizeChooser(SIZES).choose(rows, costs)

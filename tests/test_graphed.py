@@ -21,7 +21,7 @@ from tiny_models import hf_greedy, scripted_draft_logits, tiny_drafter, tiny_tar
 from tensorrt_llm_dflash.decode import speculative_generate
 from tensorrt_llm_dflash.device_policy import SizeChooser
 from tensorrt_llm_dflash.errors import DFlashInputError
-from tensorrt_llm_dflash.graphed import CAPACITY_STEP, SIZE_CHOICES, GraphedDecoder, tree_size
+from tensorrt_llm_dflash.graphed import CAPACITY_STEP, CPU_WINDOW_STEP, SIZE_CHOICES, GraphedDecoder, tree_size
 from tensorrt_llm_dflash.nosync import NoHostSync
 from tensorrt_llm_dflash.proposer import DFlashProposer
 from tensorrt_llm_dflash.sampling import SamplingParams
@@ -524,6 +524,7 @@ def test_prepare_captures_every_window_a_row_can_reach(monkeypatch):
     decoder = GraphedDecoder(model, drafter, budget=None, policy_buckets=(2, 4), capacity=4 * CAPACITY_STEP)
     captured: list[tuple] = []
     decoder.use_graphs = True  # the capture itself needs CUDA: record the shapes it is asked for instead
+    decoder.exact_windows = False
     monkeypatch.setattr(decoder, "_capture", lambda: captured.append(decoder._key()) or object())
     monkeypatch.setattr(decoder, "_time_step", lambda bucket, size, repeats=5: 1e-3)
     decoder.prepare()
@@ -540,6 +541,7 @@ def test_a_request_prepares_every_window_it_passes_through(monkeypatch):
     model = tiny_target("llama", seed=5, max_positions=2048)
     drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
     decoder = GraphedDecoder(model, drafter, budget=3, capacity=2 * CAPACITY_STEP)
+    decoder.exact_windows = False  # the windows of graphs (a CPU's own follow each step's need)
     prepared: set[int] = set()
     stepped: list[int] = []
     real_prepare, real_run_step = decoder.prepare, decoder._run_step
@@ -606,3 +608,27 @@ def test_every_stage_launches_work(budget, drafted):
             with Count():
                 live.update(fn(live))
             assert Count.ops > 0, name
+
+
+def test_on_a_cpu_each_step_attends_over_what_its_own_size_writes(monkeypatch):
+    """Every row reads its K/V over the whole window, so a CPU step's window is its longest row's need rounded to
+    ``CPU_WINDOW_STEP`` slots, for the size this step runs: an AR step of the cost-aware tree reads what plain AR's
+    does, a drafted one its tree and the drafter's block more (a 16-row AR step of SmolLM2 on the 2-core EPYC cost
+    107 ms at 256 slots and 118-135 at 512)."""
+    model = tiny_target("llama", seed=2, max_positions=2048)
+    drafter = tiny_drafter(model, block_size=6, seed=1, layers=1)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(2, 64, 190)]
+    plain = GraphedDecoder(model, None, budget=0, capacity=4 * CAPACITY_STEP)
+    policy = GraphedDecoder(model, drafter, budget=None, policy_buckets=(1, 2, 4, 8), capacity=4 * CAPACITY_STEP,
+                            policy_costs=[1.0, 1.5, 2.0, 3.0], size_choice="ahead")
+    for decoder in (plain, policy):
+        decoder.admit(0, prompt, 40)
+    plain._plan([0])
+    assert plain.window == 192 and CPU_WINDOW_STEP == 64  # 190 committed + the root's write
+    for size, window in ((1, 192), (4, 256), (8, 256)):  # past 190: + 1, + 6 (the block), + 8 (the tree)
+        monkeypatch.setattr(policy.chooser, "choose", lambda *args, size=size: size)
+        policy._plan([0])
+        assert (policy.nodes, policy.window) == (size, window)
+        assert policy.window >= 190 + policy.writes(size)
+    out = policy.step()[0]
+    assert out.tree_size == 8 and out.tokens == hf_greedy(model, prompt, 40)[1 : 1 + len(out.tokens)]
