@@ -18,8 +18,9 @@ the graph, and it must be chosen *before* the launch, without reading the device
    the host copies anyway (the one copy per step). The host sums them over the rows that step next
    (a batch runs one tree size: one CUDA graph per batch bucket and size) and divides by the measured
    seconds of a step of that many rows and nodes; a plain AR step (size 1, one token per row) competes
-   too, so speculation is chosen only where it beats AR at the same batch (when no more requests will come,
-   where the batch's slowest row moves fastest: "Draining" in :class:`SizeChooser`). The choice lags one step
+   too, so speculation is chosen only where it beats AR at the same batch, and only at a size that puts no row
+   behind plain AR's pace beyond what speculation gained it before ("Credit" in :class:`SizeChooser`; when no more
+   requests will come, where the batch's slowest row moves fastest: "Draining"). The choice lags one step
    behind the values it is made from; consecutive steps' acceptance is strongly correlated, and the
    lag costs no sync;
 5. **learn**: every verified node is labelled by the target's choice at its parent (was it the token
@@ -273,7 +274,8 @@ class SizeChooser:
     drafts once (a probe, at the best drafted size) to refresh them, and a step where speculation wins resets
     ``backoff`` to 1. Each probe that AR survives doubles ``backoff``, and more when the probe's own estimates
     say the next one would lose much: a probe at size ``p`` whose rate falls short of AR's by a share ``d``
-    costs ``d * cost(p) / cost(1)`` AR steps, so the gap grows to at least that over ``probe_share`` (up to
+    costs ``d * cost(p) / cost(1)`` AR steps (with ``credit``, or what it puts the row it slows most behind AR's
+    pace beyond that row's credit, if more), so the gap grows to at least that over ``probe_share`` (up to
     ``max_backoff``). At batch 16 on the 2-core EPYC a probe lost ~0.7 AR steps; doubling from 1 spent 6-7 of
     them on every 128-token request, 3-5% of AR's pace. When
     speculation does not pay at this batch, at most one step in ``max_backoff + 1`` is a probe, and while the
