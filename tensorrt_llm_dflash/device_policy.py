@@ -339,6 +339,16 @@ class SizeChooser:
         last = run[-1]
         return (self.delivered[last] + DELIVERY_PRIOR) / (self.promised[last] + DELIVERY_PRIOR)
 
+    def row_tokens(self, row: Sequence[float], size: int) -> float:
+        """A row's expected committed tokens at ``size``: one for AR, else one plus its promised extra scaled by the
+        size's delivery share (``row``: its estimates at every drafted size)."""
+        if size < 2:
+            return 1.0
+        return 1.0 + self.share(size) * (row[self.drafted.index(size)] - 1.0)
+
+    def _seconds(self, costs: Sequence[float]) -> dict[int, float]:
+        return dict(zip(self.sizes, (float(c) for c in costs)))
+
     def choose(self, expected: Sequence[Sequence[float] | None], costs: Sequence[float],
                remaining: Sequence[int] | None = None, credit: Sequence[float] | None = None) -> int:
         """The next size; ``costs`` holds seconds per size of ``sizes`` (ascending) at this batch bucket;
@@ -374,12 +384,11 @@ class SizeChooser:
         without ``credit`` or without an AR size to compare with; AR (``k = 1``, one token) always."""
         if credit is None or 1 not in self.sizes:
             return set(self.sizes)
-        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        seconds = self._seconds(costs)
         allowed = {1}
-        for j, size in enumerate(self.drafted):
+        for size in self.drafted:
             steps = seconds[size] / seconds[1]
-            share = self.share(size)
-            if all(1.0 + share * (row[j] - 1.0) - steps >= -max(float(c), 0.0) for row, c in zip(rows, credit)):
+            if all(self.row_tokens(row, size) - steps >= -max(float(c), 0.0) for row, c in zip(rows, credit)):
                 allowed.add(size)
         return allowed
 
@@ -389,12 +398,11 @@ class SizeChooser:
         from AR's rate (``rate``: each size's worth per second, as :meth:`_rates` gives it), or with ``rows`` and
         ``credit`` what it would put the row it slows most behind AR's pace, beyond that row's credit, if more."""
         probe = max(self.drafted, key=rate.get)
-        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        seconds = self._seconds(costs)
         steps = seconds[probe] / seconds[1]
         loss = max(0.0, 1.0 - rate[probe] / rate[1]) * steps
         if rows is not None and credit is not None:
-            j, share = self.drafted.index(probe), self.share(probe)
-            behind = max(steps - 1.0 - share * (row[j] - 1.0) - max(float(c), 0.0) for row, c in zip(rows, credit))
+            behind = max(steps - self.row_tokens(row, probe) - max(float(c), 0.0) for row, c in zip(rows, credit))
             loss = max(loss, behind)
         return loss
 
@@ -402,7 +410,7 @@ class SizeChooser:
                remaining: Sequence[int] | None = None) -> dict[int, float]:
         """Each size's worth per second: the batch's expected tokens, or when draining (``remaining``) the pace of
         the row that would finish last; a size's promised extra tokens scaled by its delivery share."""
-        seconds = dict(zip(self.sizes, (float(c) for c in costs)))
+        seconds = self._seconds(costs)
         if remaining is None:
             n = len(rows)
             return {size: (n + self.share(size) * (total - n)) / seconds[size]
@@ -410,8 +418,7 @@ class SizeChooser:
         left = [max(int(r), 1) for r in remaining]
         rates = {}
         for size in self.sizes:
-            j = self.drafted.index(size) if size >= 2 else None
-            tokens = [1.0 if j is None else 1.0 + self.share(size) * (row[j] - 1.0) for row in rows]
+            tokens = [self.row_tokens(row, size) for row in rows]
             rates[size] = min(min(t, r) / r for t, r in zip(tokens, left)) / seconds[size]
         return rates
 
