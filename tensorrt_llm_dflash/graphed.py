@@ -253,6 +253,10 @@ class GraphedDecoder:
         #: In-step choice: the rows stepping, their costs and (draining) remaining tokens while a step runs (None
         #: outside a step).
         self._in_step: tuple[list[int], list[float], list[int] | None, list[float]] | None = None
+        #: In-step choice, eagerly: a step whose own estimates found no drafted size affordable verifies its root
+        #: alone (plain AR, the draft paid); the AR steps its draft cost, until ``step`` books it (None otherwise).
+        #: Not under CUDA graphs, where the size-1 graphs have no ``tree_compile`` to replay after the candidates.
+        self._fell_back: float | None = None
         #: In-step choice under CUDA graphs: the candidates go through these static buffers, which every size's
         #: ``tree_compile`` graph reads (each capture's own outputs live in its graph's memory). Tests set it on a CPU.
         self.stash_candidates = self.use_graphs
@@ -647,7 +651,7 @@ class GraphedDecoder:
             columns.append(torch.zeros_like(self.out[:b, 2 + full:]) if expected is None
                            else (expected * EXPECTED_SCALE).round().long())
         self.out[:b].copy_(torch.cat(columns, dim=1))
-        if self.policy is not None and "cond" in live:
+        if self.policy is not None and "cond" in live and self.nodes > 1:  # a fallback verified no draft node
             self.policy.learn(Grafted(tree, live["cond"], live["on_branch"]), live["choices"], live.get("ngram"),
                               live=stepping)
         # The history gains the committed tokens after the root (at past): slots past the count go to the spare column.
@@ -848,6 +852,7 @@ class GraphedDecoder:
         stages = self._stage_fns()
         names = [name for name, _ in stages]
         cut = names.index("tree_build") + 1 if self._in_step is not None and self._split() else len(names)
+        began = time.perf_counter()
         if self.use_graphs:
             if cut < len(names):  # every size this step may pick, captured before its candidates are written
                 for size in self.chooser.drafted:
@@ -873,17 +878,27 @@ class GraphedDecoder:
         live: dict[str, torch.Tensor] = {}
         for i, (name, fn) in enumerate(stages):
             if i == cut:
-                self._choose_in_step(live["candidate_expected"])
+                self._choose_in_step(live["candidate_expected"], time.perf_counter() - began)
             start = time.perf_counter()
             live.update(fn(live))
             if stage_seconds is not None:
                 stage_seconds[name] += time.perf_counter() - start
 
-    def _choose_in_step(self, expected: torch.Tensor) -> None:
+    def _choose_in_step(self, expected: torch.Tensor, drafted_seconds: float | None = None) -> None:
         """``in_step``: the size from this step's own estimates (``[bucket, drafted sizes]``); the step goes on at it
-        (the stages after ``tree_build`` read ``self.nodes``, or replay that size's graphs)."""
+        (the stages after ``tree_build`` read ``self.nodes``, or replay that size's graphs). Eagerly
+        (``drafted_seconds``: the time the step has spent so far) it may be 1: the root alone, where no drafted
+        size is affordable for every row (``SizeChooser.choose_drafted``'s ``sunk``)."""
         stepping, costs, remaining, credit = self._in_step
-        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs, remaining, credit)
+        sunk = None
+        if drafted_seconds is not None and 1 in self.sizes():
+            # In AR steps of measured costs; given costs (tests, a caller's curve) need not be seconds: the draft
+            # then counts as free, and the fallback is taken where no drafted size is affordable.
+            sunk = drafted_seconds / costs[self.sizes().index(1)] if self.policy_costs is None else 0.0
+        self.nodes = self.chooser.choose_drafted(self._copy_estimates(expected, stepping), costs, remaining, credit,
+                                                 sunk)
+        if self.nodes == 1:
+            self._fell_back = sunk
 
     # ------------------------------------------------------------------ the loop
 
@@ -961,20 +976,22 @@ class GraphedDecoder:
         if not stepping:
             return {}
         self._plan(stepping, draining)
-        bucket, captured = self.bucket, self.capture_seconds
+        bucket, captured, drafted = self.bucket, self.capture_seconds, self.nodes > 1
         start = time.perf_counter()
         try:
             self._run_step(stage_seconds)
         finally:
-            self._in_step = None
+            self._in_step, fell_back, self._fell_back = None, self._fell_back, None
         nodes = self.nodes  # with ``in_step``, the size the tree stage chose
         out = self._copy_out()
-        if self.capture_seconds == captured:  # a step that captured its graphs first says nothing about its cost
+        # A step that captured its graphs first says nothing about its cost, nor one that drafted and verified its
+        # root alone (neither an AR step nor a drafted one).
+        if self.capture_seconds == captured and fell_back is None:
             self._observe_cost(bucket, time.perf_counter() - start)
         self._collect_stage_times()
         results = {}
         width = self.path_width
-        ar_steps = self._ar_steps(bucket, nodes)
+        ar_steps = self._ar_steps(bucket, nodes) + (fell_back or 0.0)  # a fallback paid its draft too
         for row in stepping:
             values = out[row]
             count = values[0]
@@ -982,7 +999,7 @@ class GraphedDecoder:
             state.past += count
             state.produced += count
             state.credit += count - ar_steps
-            if self.policy is not None and nodes > 1:
+            if self.policy is not None and drafted:  # a fallback's estimates are as fresh
                 state.expected = [v / EXPECTED_SCALE for v in values[2 + width:]]
             results[row] = RowResult(values[1 : 1 + count], nodes, values[1 + width])
         if self.chooser is not None:

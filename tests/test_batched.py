@@ -140,10 +140,11 @@ def record_choices(monkeypatch) -> list[tuple[int, list[int] | None]]:
 
 
 def cpu_like_costs(bucket: int, size: int) -> float:
-    """A curve where one row's step is mostly fixed overhead but several rows pay for every token, and for the
-    draft (as on a CPU): trees pay at batch 1, no tree pays at batch 2 or more."""
-    if bucket == 1:
-        return 0.2 + 0.1 * size
+    """A curve where a step of one or two rows is almost all fixed overhead but more rows pay for every token, and
+    for the draft (as on a CPU): trees pay at batch 1 and 2 (even a random drafter's: a tree costs about what its
+    root does), no tree pays at batch 4 or more."""
+    if bucket <= 2:
+        return 0.3 + 0.001 * bucket * size
     return bucket * (size + (1.0 if size > 1 else 0.0))
 
 
@@ -497,6 +498,52 @@ def test_a_row_that_accepts_badly_keeps_ars_pace(credit, monkeypatch):
         assert len(drafted) <= 2 and credits[1] > -4.0, (sizes, credits)
     else:
         assert len(drafted) == len(sizes) // 2 and credits[1] < -8.0, (sizes, credits)  # every step, 10.7 lost
+
+
+def test_a_drafted_step_no_row_can_afford_verifies_its_root_alone(monkeypatch):
+    """The in-step choice (the CPU's) after a draft that no row can afford: the step verifies its root alone (an AR
+    step that paid the draft) rather than the best tree, which would put the bad row behind AR's pace. Every step is
+    made to draft (the host's choice forced to 8 nodes): while the row that accepts nothing steps, each step drafts and
+    verifies one node, the bad row's credit stays at 0 (given costs: the draft counts as free) and every row keeps
+    the fallback's own estimates; alone, the good row verifies trees. Both rows are their own greedy output (float64)."""
+    monkeypatch.setattr(SizeChooser, "choose", lambda self, *args, **kwargs: 8)
+    model = tiny_target("qwen3", seed=6, dtype=torch.float64)
+    prompts = prompts_of(9, (7, 5))
+    lengths = [40, 16]
+    references = [hf_greedy(model, p, n) for p, n in zip(prompts, lengths)]
+    proposer = UnsureRow(2, 8, 64, noise=0.0, seed=3)
+    drafts = []
+    draft = proposer.draft
+    monkeypatch.setattr(proposer, "draft", lambda *args: drafts.append(1) or draft(*args))
+    decoder = GraphedDecoder(model, proposer, budget=None, batch=2, policy_buckets=(1, 2, 4, 8),
+                             policy_costs=two_row_costs, lookup=False)
+    assert decoder.size_choice == "in_step"
+    seen = []  # what each in-step choice read: every stepping row's estimates
+    copy_estimates = decoder._copy_estimates
+    monkeypatch.setattr(decoder, "_copy_estimates", lambda *args: seen.append(copy_estimates(*args)) or seen[-1])
+    outputs, together, alone = {}, [], []
+    for row, prompt in enumerate(prompts):
+        proposer.set_stream(row, prompt + (references[row] if row == 0 else [1] * 64))  # row 1: a wrong script
+        outputs[row] = [decoder.admit(row, prompt, lengths[row])]
+    steps = 0
+    while decoder.requests:
+        results = decoder.step()
+        steps += 1
+        if len(results) == 2:
+            together.append(results[0].tree_size)
+            for row in (0, 1):  # the fallback's own estimates, as the next choice reads them
+                assert decoder.requests[row].expected == pytest.approx(seen[-1][row], abs=1e-3)
+            assert decoder.requests[1].credit == pytest.approx(0.0)  # one token per AR-priced step
+        else:
+            alone.append(results[0].tree_size)
+        for row, result in results.items():
+            outputs[row] += result.tokens
+            if len(outputs[row]) >= lengths[row]:
+                decoder.release(row)
+    assert [outputs[row][: lengths[row]] for row in (0, 1)] == references
+    assert len(drafts) == steps  # every step drafted
+    assert set(together) == {1} and len(together) >= 10, together
+    assert max(alone) > 1, alone
 
 
 def test_a_draining_decoder_hands_the_chooser_each_rows_remaining_tokens(monkeypatch):

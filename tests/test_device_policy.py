@@ -268,6 +268,44 @@ def test_credit_keeps_every_row_at_ar_pace_unless_it_is_ahead():
     assert seen >= {(True, True), (False, False)}  # trees chosen, and trees the batch rule wanted refused
 
 
+def no_worse_than_the_fallback(rows: list[list[float]], costs: list[float], sunk: float, size: int) -> bool:
+    """Every row loses at most what verifying the root alone after the draft costs it (the draft, ``sunk`` AR steps)."""
+    steps = costs[SIZES.index(size)] / costs[0]
+    return all(row[SIZES[1:].index(size)] - steps >= -sunk for row in rows)
+
+
+def test_a_drafted_step_no_row_can_afford_verifies_its_root_alone():
+    """``choose_drafted`` with ``sunk`` (the AR steps the step's draft cost, where the caller can still verify the root
+    alone): where no drafted size is affordable it is AR, unless a size costs no row more than that AR step does
+    (the draft is paid either way). The hand case of the credit test: the bad row loses 0.4 AR steps at 2 nodes, 0.7
+    at 4, 1.4 at 8. Without ``sunk`` (under CUDA graphs) the step keeps the best of all drafted sizes."""
+    good, bad = [1.9, 3.5, 5.5, 7.0, 7.5, 7.6], [1.2, 1.5, 1.6, 1.6, 1.6, 1.6]
+    costs = [1.0, 1.6, 2.2, 3.0, 4.5, 8.0, 16.0]
+    rows, none = [good, good, good, bad], [0.0] * 4
+    chooser = SizeChooser(SIZES)
+    assert chooser.choose_drafted(rows, costs, credit=none, sunk=0.3) == 1
+    assert chooser._pending is None  # the fallback settles no drafted size's delivery
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=none, sunk=0.6) == 2  # loses 0.4 < the draft's 0.6
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=none, sunk=0.75) == 4  # 2 and 4: 4 is faster
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=none) == 8  # no fallback: the best of all
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, sunk=0.3) == 8  # no credit: every size affordable
+    assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=[0.0, 0.0, 0.0, 0.75], sunk=0.3) == 4  # affordable
+    rng = np.random.default_rng(8)
+    seen = set()
+    for _ in range(300):
+        rows = random_rows(rng, int(rng.integers(1, 17)))
+        credit = [float(c) for c in rng.choice([0.0, 0.5, 2.0, -1.0], len(rows))]
+        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size + (2e-3 * len(rows) if size > 1 else 0.0)
+                 for size in SIZES]
+        sunk = float(rng.choice([0.1, 0.5, 1.0]))
+        choice = SizeChooser(SIZES).choose_drafted(rows, costs, credit=credit, sunk=sunk)
+        allowed = [size for size in SIZES[1:] if affordable_brute(rows, costs, credit, size)
+                   or no_worse_than_the_fallback(rows, costs, sunk, size)]
+        assert choice == (max(allowed, key=lambda size: rate(rows, costs, size)) if allowed else 1)
+        seen.add(choice == 1)
+    assert seen == {True, False}
+
+
 def test_one_row_takes_the_same_size_with_any_credit():
     """At batch 1 a size that beats AR's rate keeps the row ahead of AR: credit changes nothing."""
     rng = np.random.default_rng(6)
