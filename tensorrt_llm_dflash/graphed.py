@@ -84,6 +84,11 @@ CAPACITY_STEP = 256
 #: row reads its K/V over the whole window, and a 16-row AR step of the embedded SmolLM2 cost 107 ms at 256 slots,
 #: 118-135 at 512 and 145-170 at 1024 (2-core EPYC, fp32, 2 threads).
 CPU_WINDOW_STEP = 64
+#: On a CPU the drafter's context for an AR step's token (one slot per row: the context projection and every drafter
+#: layer's K/V) waits in a buffer of up to this many AR steps, extended in one call when a step drafts again (or
+#: the buffer is full). A batch where no tree pays (16 rows on the 2-core EPYC) then never pays for it: the
+#: per-step extension cost the cost-aware tree's AR steps 2.2 ms of ~120 against plain AR's.
+CPU_DEFERRED_CONTEXT = 64
 #: Sampling classes, cheapest first: one graph each where a batch needs it (the values are tensors, not graphs).
 SAMPLING_KINDS = ("greedy", "sampled", "filtered")
 #: Seconds of timed steps after which a cost measurement stops repeating (one warm-up step, then at least one).
@@ -263,6 +268,12 @@ class GraphedDecoder:
         #: Each step attends over the window its own rows and size need (``CPU_WINDOW_STEP``); off under graphs,
         #: whose windows are the few shapes captured before any request.
         self.exact_windows = not self.use_graphs
+        #: AR steps' drafter context waits for the next draft (``CPU_DEFERRED_CONTEXT``); off under graphs, whose
+        #: commit extends it in the step (no host decision in a replay).
+        self.defer_context = drafter is not None and not self.use_graphs
+        self._deferred: torch.Tensor | None = None  # [batch, CPU_DEFERRED_CONTEXT, F]: each AR step's features
+        self._deferred_count = torch.zeros(self.batch, dtype=torch.long, device=self.device)  # per row, waiting
+        self._deferred_steps = 0  # AR steps since the last extension: at least every row's count
         self._stash: dict[str, torch.Tensor] = {}
         self.capture_seconds = 0.0
         self.capture_bytes = 0
@@ -464,6 +475,7 @@ class GraphedDecoder:
         self.history[row, : len(prompt)] = ids[0]
         if self.proposer is not None and features is not None:
             self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
+        self._deferred_count[row] = 0
         self.temperature[row] = float(sampling.temperature)
         self.top_p[row] = float(sampling.top_p)
         self.top_k[row] = int(sampling.top_k)
@@ -482,6 +494,7 @@ class GraphedDecoder:
         next admission. Releasing a free row is a no-op."""
         if self.requests.pop(row, None) is not None:
             self.past[row] = 0  # an idle row's writes stay in its first slots, inside any window
+            self._deferred_count[row] = 0
 
     @torch.inference_mode()
     def move_row(self, src: int, dst: int) -> None:
@@ -489,6 +502,7 @@ class GraphedDecoder:
         settings and host state), so that the rows in use stay in a small batch bucket."""
         if src not in self.requests or dst in self.requests or not 0 <= dst < self.batch:
             raise DFlashInputError(f"cannot move row {src} to row {dst}: the source must be busy, the target free")
+        self._extend_deferred()  # the source's whole context is in the drafter's cache before it moves
         state = self.requests.pop(src)
         used = state.past  # slots 0..past-1 hold committed K/V; the rest is scratch
         kv = self.target.cache.kv
@@ -505,7 +519,38 @@ class GraphedDecoder:
 
     def _draft(self, _: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         b = self.bucket
+        self._extend_deferred()
         return {"logits": self.proposer.draft(self.root[:b], self.past[:b], self.window)}
+
+    def _defer_context(self, features: torch.Tensor, stepping: torch.Tensor) -> None:
+        """Keep an AR step's features ``[b, F]`` (its root's, per row) for the drafter's context; rows not
+        ``stepping`` write past their count (nothing reads it)."""
+        b = features.shape[0]
+        if self._deferred is None or self._deferred.shape[2] != features.shape[1]:
+            self._extend_deferred()
+            self._deferred = features.new_zeros(self.batch, CPU_DEFERRED_CONTEXT, features.shape[1])
+        if self._deferred_steps == CPU_DEFERRED_CONTEXT:
+            self._extend_deferred()
+        count = self._deferred_count[:b]
+        self._deferred[torch.arange(b, device=self.device), count] = features
+        count.add_(stepping.long())
+        self._deferred_steps += 1
+
+    def _extend_deferred(self) -> None:
+        """The drafter's context for every waiting AR step, in one call: row r's ``count`` features sit at slots
+        ``past - count .. past - 1``. A row with fewer than the longest count writes stale features past its ``past``
+        (scratch, which the next draft overwrites before reading; ``StaticDrafter.extend`` keeps them in its
+        cache)."""
+        if not self.defer_context:
+            return
+        steps, self._deferred_steps = self._deferred_steps, 0
+        rows = max(self.requests, default=-1) + 1
+        if steps == 0 or rows == 0 or self._deferred is None:
+            self._deferred_count.zero_()
+            return
+        count = self._deferred_count[:rows]
+        self.proposer.extend(self._deferred[:rows, :steps], self.past[:rows] - count)
+        self._deferred_count.zero_()
 
     def _tree_build(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         b = self.bucket
@@ -633,7 +678,10 @@ class GraphedDecoder:
             self.target.cache.compact(past, path)
         if self.proposer is not None and "features" in live:
             features = live["features"].gather(1, path[:, :, None].expand(-1, -1, live["features"].shape[-1]))
-            self.proposer.extend(features, past)
+            if self.defer_context and width == 1:
+                self._defer_context(features[:, 0], stepping)
+            else:
+                self.proposer.extend(features, past)
         # Committed this step: the accepted draft tokens, then the bonus (the target's choice after the last).
         accepted = tree.tokens.gather(1, path)[:, 1:]
         slot = torch.arange(width, device=self.device)[None]
@@ -692,6 +740,7 @@ class GraphedDecoder:
         and the policy's learned tables afterwards (these steps verify trees of stale or arbitrary state: their labels
         would be noise). Everything else they write lies past each row's committed length (tree K/V, compaction,
         drafter context, history after the root), which no later step reads before writing it again."""
+        self._extend_deferred()  # the rows' context is whole before throwaway steps defer or extend their own
         saved = self.past.clone(), self.root.clone(), self.max_depth.clone()
         tables = self.policy.state() if self.policy is not None else None
 
@@ -699,6 +748,8 @@ class GraphedDecoder:
             self.past.copy_(saved[0])
             self.root.copy_(saved[1])
             self.max_depth.fill_(self.nodes - 1)
+            self._deferred_count.zero_()
+            self._deferred_steps = 0
 
         reset()
         try:
@@ -706,6 +757,8 @@ class GraphedDecoder:
         finally:
             for tensor, value in zip((self.past, self.root, self.max_depth), saved):
                 tensor.copy_(value)
+            self._deferred_count.zero_()
+            self._deferred_steps = 0
             if tables is not None:
                 self.policy.load_state(tables)
 

@@ -272,9 +272,11 @@ class StaticDrafter:
     @torch.inference_mode()
     def extend(self, features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
         """Context K/V of ``features`` [b, P, F] at slots ``start .. start + P - 1`` of rows ``0..b-1``, or of [1, P, F]
-        in row ``row`` alone (rows past the accepted count are scratch: the next call overwrites them)."""
+        in row ``row`` alone (rows past the accepted count are scratch: the next call overwrites them). Slots past
+        the cache's last land on it: only scratch reaches there (a row's stale deferred features,
+        ``GraphedDecoder._extend_deferred``), and a draft writes its block there before it reads it."""
         rows = slice(0, features.shape[0]) if row is None else slice(row, row + 1)
-        slots = start[:, None] + torch.arange(features.shape[1], device=self.device)
+        slots = (start[:, None] + torch.arange(features.shape[1], device=self.device)).clamp(max=self.kv.shape[4] - 1)
         ctx = self.model.project_context(features.to(self.dtype))
         cos, sin = self.model.rotary_emb(slots, ctx.dtype)
         for i, layer in enumerate(self.model.layers):

@@ -546,6 +546,60 @@ def test_a_drafted_step_no_row_can_afford_verifies_its_root_alone(monkeypatch):
     assert max(alone) > 1, alone
 
 
+def test_deferred_drafter_context_is_what_every_draft_would_have_read(monkeypatch):
+    """On a CPU an AR step's drafter context waits for the next draft (``CPU_DEFERRED_CONTEXT``) and is extended then
+    in one call. Every draft must read the context a per-step extension gives: the same requests through two
+    decoders (a real random drafter, float64), one deferring and one not, draft the same logits at every step
+    (within float64 rounding of a wider GEMM), including a stretch of 70 AR steps (the buffer fills and is emptied
+    once), a row admitted mid-run with fewer waiting steps than the others, and a row moved down with features
+    waiting (``move_row``). Both runs are every row's own greedy output."""
+    model = tiny_target("qwen3", seed=7, dtype=torch.float64)
+    drafter = tiny_drafter(model, block_size=6, seed=2, layers=2)
+    prompts = prompts_of(12, (6, 9, 4))
+    lengths = [120, 30, 90]
+    references = [hf_greedy(model, p, n) for p, n in zip(prompts, lengths)]
+    plan = [1] * 70 + [1, 1, 4] * 40  # the host's size per step: AR, then a draft every third step
+    monkeypatch.setattr(SizeChooser, "choose_drafted", lambda self, *args, **kwargs: 4)
+
+    def run(defer: bool) -> tuple[list[torch.Tensor], dict[int, list[int]]]:
+        decoder = GraphedDecoder(model, drafter, budget=None, batch=3, policy_buckets=(1, 2, 4, 8),
+                                 policy_costs=flat_costs, lookup=False)
+        decoder.defer_context = defer
+        step = iter(range(10**6))
+        monkeypatch.setattr(decoder.chooser, "choose", lambda *args, **kwargs: plan[min(next(step), len(plan) - 1)])
+        drafts: list[torch.Tensor] = []
+        draft = decoder.proposer.draft
+        monkeypatch.setattr(decoder.proposer, "draft", lambda *args: drafts.append(draft(*args)) or drafts[-1])
+        outputs, request_of = {}, {0: 0, 1: 1}
+        for row in (0, 1):
+            outputs[row] = [decoder.admit(row, prompts[row], lengths[row])]
+        for i in range(400):
+            if i == 40:  # fewer waiting AR steps than rows 0 and 1
+                request_of[2] = 2
+                outputs[2] = [decoder.admit(2, prompts[2], lengths[2])]
+            if 1 not in request_of and 2 in request_of and i == 75:  # features of row 2 wait as it moves
+                assert decoder._deferred_steps > 0 or not defer
+                decoder.move_row(2, 1)
+                request_of[1] = request_of.pop(2)
+            if not request_of:
+                break
+            for row, result in decoder.step().items():
+                outputs[request_of[row]] += result.tokens
+                if len(outputs[request_of[row]]) >= lengths[request_of[row]]:
+                    decoder.release(row)
+                    del request_of[row]
+        assert not request_of
+        return drafts, outputs
+
+    deferred, outputs = run(True)
+    per_step, outputs_per_step = run(False)
+    for want, got in ((references, outputs), (references, outputs_per_step)):
+        assert [got[i][: lengths[i]] for i in range(3)] == want
+    assert len(deferred) == len(per_step) >= 15
+    for a, b in zip(deferred, per_step):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
 def test_a_draining_decoder_hands_the_chooser_each_rows_remaining_tokens(monkeypatch):
     """``step(draining=True)`` with several rows hands the chooser every row's remaining tokens (``SizeChooser``
     paces the batch by the row that would finish last); not draining, or with one row, it does not. Every row is
