@@ -268,7 +268,9 @@ class SizeChooser:
     bucket (0.87x AR at 16 clients, ``docs/serving.md``). Given ``credit`` (each row's tokens ahead of AR so far,
     kept by the decoder: a step of ``k`` AR steps' cost that commits ``c`` tokens adds ``c - k``), ``choose`` keeps
     to the sizes :meth:`affordable` for every row: none may fall behind AR's pace beyond what it is ahead, in
-    expectation. At batch 1 this is the same choice (a size that beats AR's rate is affordable).
+    expectation. At batch 1 this is the same choice (a size that beats AR's rate is affordable). A step that has
+    drafted already and can still verify its root alone (the in-step choice, eagerly) does so where no drafted size
+    is affordable (:meth:`choose_drafted`'s ``sunk``).
 
     An AR step drafts nothing, so the estimates it decides from go stale. After ``backoff`` AR steps in a row it
     drafts once (a probe, at the best drafted size) to refresh them, and a step where speculation wins resets

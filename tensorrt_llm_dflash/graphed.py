@@ -32,7 +32,9 @@ size]`` per row, which it needs anyway for streaming and stop tokens; what the n
 row's depth limit, its uniforms, the tree size) it writes to the device before the launch. One
 exception: with ``size_choice="in_step"`` (the CPU's default; CUDA's is ``ahead``) the cost-aware
 tree's size is chosen inside the step from that step's own candidates, one more read per step
-(see :data:`SIZE_CHOICES`). The
+(see :data:`SIZE_CHOICES`); that choice may be the root alone, where no drafted size is affordable for
+every row (``SizeChooser.choose_drafted``). Also on a CPU, an AR step's drafter context waits for the
+next draft (:data:`CPU_DEFERRED_CONTEXT`). The
 sampling class (greedy / sampled / sampled with top-k or top-p) picks which graph runs, never the
 values: those are tensors the graph reads.
 
