@@ -446,7 +446,9 @@ class SizeChooser:
             allowed += [s for s in self.drafted if s not in affordable and all(
                 self.row_tokens(row, s) - seconds[s] / seconds[1] >= -float(sunk) for row in rows)]
             if not allowed:
-                self._pending = None
+                # What a probe that AR survived tells: the next choice prices the gap by what a tree would lose (a
+                # win had reset the back-off to 1, and each burst of new rows paid a second fallback at once).
+                self._pending, self.ar_run, self.backoff = None, 0, max(self.backoff, 2)
                 return 1
         best = max(sorted(allowed) or self.drafted, key=rate.get)  # first maximum: the smaller size
         self._pending = (best, self._totals(rows)[best] - len(rows))

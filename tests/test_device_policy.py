@@ -283,8 +283,12 @@ def test_a_drafted_step_no_row_can_afford_verifies_its_root_alone():
     costs = [1.0, 1.6, 2.2, 3.0, 4.5, 8.0, 16.0]
     rows, none = [good, good, good, bad], [0.0] * 4
     chooser = SizeChooser(SIZES)
+    assert chooser.choose(rows, costs) == 8 and chooser.backoff == 1  # the batch rule: a win
     assert chooser.choose_drafted(rows, costs, credit=none, sunk=0.3) == 1
     assert chooser._pending is None  # the fallback settles no drafted size's delivery
+    # A fallback is a probe AR survived: the next choice (AR, by credit) stretches the back-off to the longest at
+    # once (the tree would have cost the bad row 1.4 AR steps), where a win's back-off of 1 would draft again.
+    assert chooser.choose(rows, costs, credit=none) == 1 and chooser.backoff == 64
     assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=none, sunk=0.6) == 2  # loses 0.4 < the draft's 0.6
     assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=none, sunk=0.75) == 4  # 2 and 4: 4 is faster
     assert SizeChooser(SIZES).choose_drafted(rows, costs, credit=none) == 8  # no fallback: the best of all
