@@ -238,6 +238,15 @@ def affordable_brute(rows: list[list[float]], costs: list[float], credit: list[f
     return all(row[SIZES[1:].index(size)] - steps >= -max(c, 0.0) for row, c in zip(rows, credit))
 
 
+def random_credit_case(rng: np.random.Generator) -> tuple[list[list[float]], list[float], list[float]]:
+    """A random batch of 1-16 rows, each row's credit, and a cost curve (fixed part, per token, the draft's)."""
+    rows = random_rows(rng, int(rng.integers(1, 17)))
+    credit = [float(c) for c in rng.choice([0.0, 0.5, 2.0, -1.0], len(rows))]
+    costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size + (2e-3 * len(rows) if size > 1 else 0.0)
+             for size in SIZES]
+    return rows, credit, costs
+
+
 def test_credit_keeps_every_row_at_ar_pace_unless_it_is_ahead():
     """The batch's most tokens per second can slow one row below AR's pace (the tail a burst of requests waits for,
     SizeChooser's "Credit"). Three rows that accept well and one that accepts badly: 8 nodes wins for the batch, but a
@@ -257,10 +266,7 @@ def test_credit_keeps_every_row_at_ar_pace_unless_it_is_ahead():
     rng = np.random.default_rng(5)
     seen = set()
     for _ in range(300):
-        rows = random_rows(rng, int(rng.integers(1, 17)))
-        credit = [float(c) for c in rng.choice([0.0, 0.5, 2.0, -1.0], len(rows))]
-        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size + (2e-3 * len(rows) if size > 1 else 0.0)
-                 for size in SIZES]
+        rows, credit, costs = random_credit_case(rng)
         choice = SizeChooser(SIZES).choose(rows, costs, credit=credit)
         allowed = [size for size in SIZES if affordable_brute(rows, costs, credit, size)]
         assert choice == max(allowed, key=lambda size: rate(rows, costs, size))
@@ -297,10 +303,7 @@ def test_a_drafted_step_no_row_can_afford_verifies_its_root_alone():
     rng = np.random.default_rng(8)
     seen = set()
     for _ in range(300):
-        rows = random_rows(rng, int(rng.integers(1, 17)))
-        credit = [float(c) for c in rng.choice([0.0, 0.5, 2.0, -1.0], len(rows))]
-        costs = [1e-2 + rng.choice([1e-4, 1e-3, 1e-2]) * len(rows) * size + (2e-3 * len(rows) if size > 1 else 0.0)
-                 for size in SIZES]
+        rows, credit, costs = random_credit_case(rng)
         sunk = float(rng.choice([0.1, 0.5, 1.0]))
         choice = SizeChooser(SIZES).choose_drafted(rows, costs, credit=credit, sunk=sunk)
         allowed = [size for size in SIZES[1:] if affordable_brute(rows, costs, credit, size)
