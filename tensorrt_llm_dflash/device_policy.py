@@ -386,13 +386,16 @@ class SizeChooser:
         without ``credit`` or without an AR size to compare with; AR (``k = 1``, one token) always."""
         if credit is None or 1 not in self.sizes:
             return set(self.sizes)
+        return {1, *(size for size in self.drafted
+                     if self._no_row_behind(rows, costs, size, [max(float(c), 0.0) for c in credit]))}
+
+    def _no_row_behind(self, rows: list[list[float]], costs: Sequence[float], size: int,
+                       allowance: Sequence[float]) -> bool:
+        """Whether a step of ``size`` (``k = cost(size) / cost(1)`` AR steps) puts no row further behind AR's pace than
+        its ``allowance`` (in tokens): ``t_r(size) - k >= -allowance_r`` for every row."""
         seconds = self._seconds(costs)
-        allowed = {1}
-        for size in self.drafted:
-            steps = seconds[size] / seconds[1]
-            if all(self.row_tokens(row, size) - steps >= -max(float(c), 0.0) for row, c in zip(rows, credit)):
-                allowed.add(size)
-        return allowed
+        steps = seconds[size] / seconds[1]
+        return all(self.row_tokens(row, size) - steps >= -a for row, a in zip(rows, allowance))
 
     def probe_loss(self, rate: dict[int, float], costs: Sequence[float], rows: list[list[float]] | None = None,
                    credit: Sequence[float] | None = None) -> float:
@@ -442,9 +445,8 @@ class SizeChooser:
         affordable = self.affordable(rows, costs, credit)
         allowed = [s for s in self.drafted if s in affordable]
         if sunk is not None and credit is not None and 1 in self.sizes:
-            seconds = self._seconds(costs)
-            allowed += [s for s in self.drafted if s not in affordable and all(
-                self.row_tokens(row, s) - seconds[s] / seconds[1] >= -float(sunk) for row in rows)]
+            allowed += [s for s in self.drafted
+                        if s not in affordable and self._no_row_behind(rows, costs, s, [float(sunk)] * len(rows))]
             if not allowed:
                 # What a probe that AR survived tells: the next choice prices the gap by what a tree would lose (a
                 # win had reset the back-off to 1, and each burst of new rows paid a second fallback at once).
