@@ -35,6 +35,7 @@ from torch import nn
 
 from .compat import CACHE_KWARG
 from .decode import stop_ids
+from .draft_head import DraftHead
 from .errors import DFlashConfigError
 from .files import unpacked
 from .target import HFTargetVerifier
@@ -470,6 +471,7 @@ class LoRAInjectProposer:
         # Scoring only the draft vocabulary reads a fraction of the lm_head (a copy of those rows).
         ids = model.draft_ids
         self.head_weight = model.lm_head_weight if ids is None else model.lm_head_weight.index_select(0, ids)
+        self.head = DraftHead(self.head_weight)
         self.verifier: HFTargetVerifier | None = None
         self.reset()
 
@@ -508,8 +510,7 @@ class LoRAInjectProposer:
         else:
             per_layer = list(self.layer_inputs[None].split(m.config.hidden_size, dim=-1))
             hidden = m.forward_injected(embeds, positions, per_layer, torch.arange(past, device=m.device)[None])
-        hidden = hidden[0, 1:].to(self.head_weight.dtype)
-        logits = hidden @ self.head_weight.T
+        logits = self.head(hidden[0, 1:])
         if m.draft_ids is None:
             return logits
         full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .draft_head import DraftHead
 from .drafter import DFlashDraftModel, DraftContextCache
 
 
@@ -35,6 +36,7 @@ class DFlashProposer:
             self.head_weight = lm_head.weight.index_select(0, self.draft_ids)
         else:
             self.head_weight = lm_head.weight
+        self.head = DraftHead(self.head_weight)
         self.reset()
 
     @classmethod
@@ -63,8 +65,7 @@ class DFlashProposer:
         embeds = self.embed_tokens(block_ids.to(self.embed_tokens.weight.device)).to(self.device, self.dtype)
         block_positions = torch.arange(self.context_len, self.context_len + self.block_size, device=self.device)[None]
         hidden = self.model(embeds, block_positions, self.cache)
-        hidden = hidden[0, 1:].to(self.head_weight.device, self.head_weight.dtype)
-        logits = hidden @ self.head_weight.T
+        logits = self.head(hidden[0, 1:])
         if self.draft_ids is None:
             return logits
         full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .compat import CACHE_KWARG
+from .draft_head import DraftHead
 from .drafter import DFlashDraftModel, apply_rope
 from .errors import DFlashInputError
 from .target import CpuFastPaths, _sliding_window, max_positions
@@ -245,7 +246,7 @@ class StaticDrafter:
         self.draft_ids = model.draft_token_ids()
         weight = lm_head.weight if self.draft_ids is None else lm_head.weight.index_select(
             0, self.draft_ids.to(lm_head.weight.device))
-        self.head_weight = weight.to(self.device)
+        self.head = DraftHead(weight.to(self.device))
         attn = model.layers[0].self_attn
         self.kv = torch.zeros(2, len(model.layers), batch, attn.num_kv_heads, capacity + self.block_size,
                               attn.head_dim, dtype=self.dtype, device=self.device)
@@ -313,4 +314,4 @@ class StaticDrafter:
             x = x + attn.o_proj(out.transpose(1, 2).reshape(batch, self.block_size, -1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         hidden = self.model.norm(x)[:, 1:]
-        return hidden.to(self.head_weight.dtype) @ self.head_weight.T
+        return self.head(hidden)

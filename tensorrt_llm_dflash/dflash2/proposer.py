@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..draft_head import DraftHead
 from ..drafter import DraftContextCache
 from .model import DFlash2DraftModel
 from .selector import SelectorDraft, top_candidates
@@ -38,6 +39,7 @@ class DFlash2Proposer:
         param = next(model.parameters())
         self.dtype, self.device = param.dtype, param.device
         self.vocab_size = int(lm_head.weight.shape[0])
+        self.head = DraftHead(lm_head.weight)
         self.reset()
 
     @classmethod
@@ -52,8 +54,7 @@ class DFlash2Proposer:
     def unary_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """softcap(output_multiplier * lm_head(hidden)) in the scoring dtype."""
         work = _scoring_dtype(self.dtype)
-        weight = self.lm_head.weight
-        logits = (hidden.to(weight.device, weight.dtype) @ weight.T).to(work) * self.settings.output_multiplier
+        logits = self.head(hidden).to(work) * self.settings.output_multiplier
         cap = self.settings.final_logit_softcapping
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
