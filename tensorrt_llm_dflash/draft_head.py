@@ -10,9 +10,10 @@ shapes: for a few rows and a weight far larger than the L2 cache it re-reads the
 ``target.BlockedLinear``), and for the static drafter's ``[rows, block - 1, H]`` view (a slice of the block) it
 runs one GEMM per row. On the 2-core AMD EPYC the shipped drafter's head (26,040 x 576) costs 20 ms at 7 rows
 (one row's block) through ``matmul`` and 4.4 ms through oneDNN's linear; for that view of 16 rows 91 ms against
-18 ms (a whole draft: 21 -> 8 ms at 1 row, 110-124 -> 39-45 ms at 16). So on a CPU, for float32, :class:`DraftHead` runs oneDNN's linear (the op torch's own CPU
-compiler lowers linears to), checked once against ``matmul`` on the weight itself; anywhere else, or where that
-op is missing or disagrees, plain ``matmul``. The verifier's numbers are never touched.
+18 ms (a whole draft: 21 -> 8 ms at 1 row, 110-124 -> 39-45 ms at 16). So on a CPU, for float32,
+:class:`DraftHead` runs oneDNN's linear (the op torch's own CPU compiler lowers linears to), checked once against
+``matmul`` on the weight itself; anywhere else, or where that op is missing or disagrees, plain ``matmul``. The
+verifier's numbers are never touched.
 """
 
 from __future__ import annotations

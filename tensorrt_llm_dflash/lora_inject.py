@@ -470,8 +470,7 @@ class LoRAInjectProposer:
         self.vocab_size = int(model.lm_head_weight.shape[0])
         # Scoring only the draft vocabulary reads a fraction of the lm_head (a copy of those rows).
         ids = model.draft_ids
-        self.head_weight = model.lm_head_weight if ids is None else model.lm_head_weight.index_select(0, ids)
-        self.head = DraftHead(self.head_weight)
+        self.head = DraftHead(model.lm_head_weight if ids is None else model.lm_head_weight.index_select(0, ids))
         self.verifier: HFTargetVerifier | None = None
         self.reset()
 

@@ -33,10 +33,7 @@ class DFlashProposer:
         if self.draft_ids is not None:
             # Score only the draft vocabulary: the lm_head read dominates drafting cost.
             self.draft_ids = self.draft_ids.to(lm_head.weight.device)
-            self.head_weight = lm_head.weight.index_select(0, self.draft_ids)
-        else:
-            self.head_weight = lm_head.weight
-        self.head = DraftHead(self.head_weight)
+        self.head = DraftHead(lm_head.weight if self.draft_ids is None else lm_head.weight.index_select(0, self.draft_ids))
         self.reset()
 
     @classmethod

@@ -67,8 +67,7 @@ def test_a_head_that_fails_later_falls_back_to_matmul_with_a_warning(monkeypatch
 
 @pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN (mkldnn) linear")
 def test_the_eager_and_static_drafters_score_through_the_same_head():
-    """Both proposers of a float32 target take the oneDNN head (over the draft vocabulary's rows where the drafter
-    has one) and their block logits agree with plain matmul's."""
+    """Both proposers of a float32 target take the oneDNN head, and their block logits agree with plain matmul's."""
     target = tiny_target("qwen3", seed=0, vocab=48, dtype=torch.float32)
     drafter = tiny_drafter(target, block_size=4, seed=1, layers=1)
     eager = DFlashProposer.for_target(drafter, target)
@@ -77,7 +76,7 @@ def test_the_eager_and_static_drafters_score_through_the_same_head():
     feats = torch.randn(5, drafter.config.num_context_features, generator=torch.Generator().manual_seed(5))
     got = eager.propose(3, feats)
     eager.reset()
-    eager.head = DraftHead(eager.head_weight)
+    eager.head = DraftHead(eager.head.weight)
     eager.head.backend = "matmul"
     torch.testing.assert_close(got, eager.propose(3, feats), rtol=1e-5, atol=1e-5)
     static.extend(feats[None], torch.zeros(1, dtype=torch.long))
