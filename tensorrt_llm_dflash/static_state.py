@@ -153,7 +153,7 @@ class StaticTarget:
                                   self.device)
         self._window, self._mixed = _sliding_window(config)
         self._slots = torch.arange(capacity, device=self.device)
-        # A float32 CPU target takes the eager verifier's fast paths (blocked GEMMs for 4..15 rows, GQA attention
+        # A float32 CPU target takes the eager verifier's fast paths (blocked GEMMs for 1..128 rows, GQA attention
         # without a K/V copy), bit-identical to its own modules: a tree of a few nodes costs what the eager runtime
         # pays for it, not MKL's price for a few rows (CPU only; nothing changes under CUDA graphs).
         self._cpu_paths = CpuFastPaths(model) if CpuFastPaths.applies(model) else None

@@ -409,9 +409,11 @@ class HFTargetVerifier:
 
 #: Blocked linears apply to weights of at least this many elements (smaller ones stay in cache).
 BLOCKED_MIN_WEIGHT_ELEMENTS = 1 << 19
-#: ... to calls of this many rows: fewer cost what one row costs; from 16 rows on, MKL's own
-#: kernel reads the weight once.
-BLOCKED_ROWS = range(4, 16)
+#: ... to calls of this many rows (each count checked bit-identical once). On the 2-core AMD EPYC the
+#: blocked ``bmm`` cost 0.5x ``F.linear`` for the lm_head at 1 row (3.5 vs 7.0 ms: a one-token AR step
+#: 30 vs 40 ms) and 0.55-0.65x from 16 to 64 rows (a 32-node verify 76 vs 85 ms); beyond 128 rows
+#: (prefill) MKL's own kernel is as good.
+BLOCKED_ROWS = range(1, 129)
 #: Bytes of one block of weight rows (a power-of-two number of rows, rounded up).
 BLOCKED_BLOCK_BYTES = 256 << 10
 #: The per-block ``mm`` route is tried only on weights of at least this many elements: it pays
@@ -427,12 +429,14 @@ _BLOCKED_ROUTE: dict[tuple, str] = {}
 
 
 class BlockedLinear:
-    """``nn.Linear.forward`` for 4..15 rows over L2-sized blocks of the weight, where that is bit-identical.
+    """``nn.Linear.forward`` for 1..128 rows over L2-sized blocks of the weight, where that is bit-identical.
 
     MKL's sgemm for a few rows and a weight larger than the L2 cache reads the whole weight
     again for every ~3 rows: on an Intel Xeon a 1536x576 MLP weight costs 2x at M = 4..6, 3x at
     M = 8..9 and 4x at M = 12 what it costs at M = 1, so a 9-node verify of SmolLM2-135M paid
-    2.4x a one-token step for its MLP and 3x for its lm_head. Viewed as ``[N / b, b, K]`` blocks
+    2.4x a one-token step for its MLP and 3x for its lm_head. On an AMD EPYC even one row and
+    16..64 rows pay: the 113 MB lm_head costs 7.0 ms through ``F.linear`` at one row and 3.5 ms
+    blocked, 14.3 against 7.9 ms at 16 rows. Viewed as ``[N / b, b, K]`` blocks
     (``b`` rows, ~256 KiB), the weight is read once:
 
     * ``bmm``: one batched GEMM multiplies the same rows by every block, one block at a time;
@@ -440,12 +444,12 @@ class BlockedLinear:
 
     Every output element is the same K-long dot product, but whether a BLAS computes it in the
     same order for every call shape is the BLAS's choice, and it differs by CPU: on an Intel
-    Xeon the ``bmm`` route is bit-identical for every M in 4..15; on an AMD EPYC only for
-    M = 4, 8 and 12..15, where the ``loop`` route is bit-identical for all of them. So the route
+    Xeon the ``bmm`` route is bit-identical for every M in 4..15; on an AMD EPYC for M = 1..4, 8
+    and 12..128, not 5..7 or 9..11, where the ``loop`` route is bit-identical for all of them. So the route
     is chosen per row count at run time: the first bit-identical one of ``bmm``, ``loop`` (large
     weights only), checked once per weight shape, thread count and M on the module's weight;
     otherwise ``F.linear``. The verifier's logits are the model's own, bit for bit, at every
-    tree size, and AR (one row, always ``F.linear``) and verify agree exactly as they did.
+    tree size and in a one-token AR step, so AR and verify agree exactly as the model's own calls do.
     """
 
     __slots__ = ("module", "block", "_weight", "_key", "_blocks", "_rest")
@@ -570,7 +574,7 @@ def sdpa_gqa_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.
 class CpuFastPaths:
     """Fast paths for a float32 target on CPU, installed only during the verifier's own forward calls.
 
-    * **Blocked linears** (:class:`BlockedLinear`) for 4..15-row calls on weights of at least
+    * **Blocked linears** (:class:`BlockedLinear`) for 1..128-row calls on weights of at least
       ``BLOCKED_MIN_WEIGHT_ELEMENTS`` elements (here the MLP and the lm_head): one read of
       the weight instead of one per ~3 rows. Bit-identical to ``F.linear`` (checked at run time).
     * **GQA attention with a mask** (:func:`sdpa_gqa_attention`): no K/V repeat. Bit-identical.

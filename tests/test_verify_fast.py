@@ -3,9 +3,10 @@
 Both must leave every number as the model's own modules compute it:
 
 * ``BlockedLinear`` is bit-identical to ``F.linear`` for the embedded target's shapes at
-  M = 1..80 rows (1 and 2 threads) on every CPU: each row count takes the route its run-time
-  check found bit-identical there (``bmm``, ``loop`` or ``F.linear``). Which routes a CPU
-  allows is reported (``-s`` prints them), never asserted: it is the BLAS's choice.
+  M = 1..130 rows (every count to 32, then a stride, and the ends of the blocked range 1..128; 1 and 2
+  threads) on every CPU: each row count takes the route its run-time check found bit-identical there
+  (``bmm``, ``loop`` or ``F.linear``). Which routes a CPU allows is reported (``-s`` prints them), never
+  asserted: it is the BLAS's choice.
 * ``sdpa_gqa_attention`` is bit-identical to transformers' ``sdpa_attention_forward``.
 * The fast paths are taken in prefill and verify and leave the model as they found it;
   verify logits, features and KV caches equal the reference path's bit for bit (float32
@@ -63,7 +64,7 @@ def test_blocked_linear_is_bit_identical_to_linear_whichever_route(threads, num_
     threads(num_threads)
     module = linear_module(*shape)
     fast = BlockedLinear(module)
-    x = torch.randn(1, 80, shape[1], generator=torch.Generator().manual_seed(1))
+    x = torch.randn(1, BLOCKED_ROWS.stop + 2, shape[1], generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         routes = fast.routes()
         record_property("routes", routes)
@@ -71,7 +72,7 @@ def test_blocked_linear_is_bit_identical_to_linear_whichever_route(threads, num_
         assert set(routes) == set(BLOCKED_ROWS) and set(routes.values()) <= set(ROUTES)
         if shape[0] * shape[1] < target_mod.LOOP_MIN_WEIGHT_ELEMENTS:
             assert "loop" not in routes.values()  # one mm per block is for weights far beyond L2 only
-        for m in range(1, 81):
+        for m in [*range(1, 33), *range(33, BLOCKED_ROWS.stop, 7), *range(BLOCKED_ROWS.stop - 2, BLOCKED_ROWS.stop + 2)]:
             ref = F.linear(x[:, :m], module.weight)
             route = routes.get(m, "linear")
             if route != "linear":
@@ -107,7 +108,7 @@ def _route_key(fast: BlockedLinear, m: int) -> tuple:
 
 
 def test_the_route_follows_the_run_time_check(monkeypatch):
-    """Whatever this CPU's BLAS does, the forward calls the route the check recorded, and only for 4..15 rows."""
+    """Whatever this CPU's BLAS does, the forward calls the route the check recorded, and only for 1..128 rows."""
     module = linear_module(1536, 576)
     fast = BlockedLinear(module)
     calls = []
@@ -123,11 +124,11 @@ def test_the_route_follows_the_run_time_check(monkeypatch):
             assert calls == expected, route
         monkeypatch.setitem(target_mod._BLOCKED_ROUTE, _route_key(fast, 9), "bmm")
         calls.clear()
-        # rows outside 4..15, non-contiguous rows: F.linear, and no check runs for them
-        for x in (torch.randn(1, 576), torch.randn(3, 576), torch.randn(16, 576), torch.randn(576, 9).t()):
+        # rows outside 1..128, non-contiguous rows: F.linear, and no check runs for them
+        for x in (torch.randn(0, 576), torch.randn(129, 576), torch.randn(200, 576), torch.randn(576, 9).t()):
             assert torch.equal(fast(x), F.linear(x, module.weight))
         assert calls == []
-        assert fast.route(3) == fast.route(16) == "linear"
+        assert fast.route(0) == fast.route(129) == "linear"
 
 
 def test_the_check_takes_the_first_bit_identical_route(monkeypatch):
@@ -249,7 +250,9 @@ def test_fast_path_is_taken_and_undone(every_linear, arch, monkeypatch):
 
     # Which row counts may block is the CPU's business (test_blocked_linear_is_bit_identical_...): here every
     # count in 4..15 takes the bmm route, so the count of blocked calls below is the same on every machine.
-    monkeypatch.setattr(BlockedLinear, "route", lambda self, m: "bmm" if m in BLOCKED_ROWS else "linear")
+    # (The shipped range, 1..128, holds every tree these tiny targets verify; 4..15 lets them straddle it.)
+    monkeypatch.setattr(target_mod, "BLOCKED_ROWS", range(4, 16))
+    monkeypatch.setattr(BlockedLinear, "route", lambda self, m: "bmm" if m in target_mod.BLOCKED_ROWS else "linear")
     model = fp32_target(arch)
     verifier = HFTargetVerifier(model, [1, 2])
     assert verifier.fast_paths() == ["blocked_linear", "sdpa_gqa"]
