@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .draft_head import DraftHead
+from .draft_head import DraftHead, DraftLinears
 from .drafter import DFlashDraftModel, DraftContextCache
 
 
@@ -34,6 +34,7 @@ class DFlashProposer:
             # Score only the draft vocabulary: the lm_head read dominates drafting cost.
             self.draft_ids = self.draft_ids.to(lm_head.weight.device)
         self.head = DraftHead(lm_head.weight if self.draft_ids is None else lm_head.weight.index_select(0, self.draft_ids))
+        self.linears = DraftLinears(model)  # its own layers through oneDNN on a float32 CPU, during a draft only
         self.reset()
 
     @classmethod
@@ -55,13 +56,15 @@ class DFlashProposer:
         """
         n = int(new_context.shape[0])
         positions = torch.arange(self.context_len, self.context_len + n, device=self.device)[None]
-        self.model.extend_context(self.cache, new_context[None].to(self.device, self.dtype), positions)
-        self.context_len += n
-        block_ids = torch.full((1, self.block_size), self.mask_token_id, dtype=torch.long, device=self.device)
-        block_ids[0, 0] = root_token
-        embeds = self.embed_tokens(block_ids.to(self.embed_tokens.weight.device)).to(self.device, self.dtype)
-        block_positions = torch.arange(self.context_len, self.context_len + self.block_size, device=self.device)[None]
-        hidden = self.model(embeds, block_positions, self.cache)
+        with self.linears.installed():
+            self.model.extend_context(self.cache, new_context[None].to(self.device, self.dtype), positions)
+            self.context_len += n
+            block_ids = torch.full((1, self.block_size), self.mask_token_id, dtype=torch.long, device=self.device)
+            block_ids[0, 0] = root_token
+            embeds = self.embed_tokens(block_ids.to(self.embed_tokens.weight.device)).to(self.device, self.dtype)
+            block_positions = torch.arange(self.context_len, self.context_len + self.block_size,
+                                           device=self.device)[None]
+            hidden = self.model(embeds, block_positions, self.cache)
         logits = self.head(hidden[0, 1:])
         if self.draft_ids is None:
             return logits

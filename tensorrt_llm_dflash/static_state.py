@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .compat import CACHE_KWARG
-from .draft_head import DraftHead
+from .draft_head import DraftHead, DraftLinears
 from .drafter import DFlashDraftModel, apply_rope
 from .errors import DFlashInputError
 from .target import CpuFastPaths, _sliding_window, max_positions
@@ -247,6 +247,7 @@ class StaticDrafter:
         weight = lm_head.weight if self.draft_ids is None else lm_head.weight.index_select(
             0, self.draft_ids.to(lm_head.weight.device))
         self.head = DraftHead(weight.to(self.device))
+        self.linears = DraftLinears(model)  # its own layers through oneDNN on a float32 CPU, during a call only
         attn = model.layers[0].self_attn
         self.kv = torch.zeros(2, len(model.layers), batch, attn.num_kv_heads, capacity + self.block_size,
                               attn.head_dim, dtype=self.dtype, device=self.device)
@@ -278,16 +279,21 @@ class StaticDrafter:
         ``GraphedDecoder._extend_deferred``), and a draft writes its block there before it reads it."""
         rows = slice(0, features.shape[0]) if row is None else slice(row, row + 1)
         slots = (start[:, None] + torch.arange(features.shape[1], device=self.device)).clamp(max=self.kv.shape[4] - 1)
-        ctx = self.model.project_context(features.to(self.dtype))
-        cos, sin = self.model.rotary_emb(slots, ctx.dtype)
-        for i, layer in enumerate(self.model.layers):
-            k, v = layer.self_attn.key_values(ctx, cos, sin)
-            self._write(i, rows, slots, k, v)
+        with self.linears.installed():
+            ctx = self.model.project_context(features.to(self.dtype))
+            cos, sin = self.model.rotary_emb(slots, ctx.dtype)
+            for i, layer in enumerate(self.model.layers):
+                k, v = layer.self_attn.key_values(ctx, cos, sin)
+                self._write(i, rows, slots, k, v)
 
     @torch.inference_mode()
     def draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None = None) -> torch.Tensor:
         """Logits [b, block - 1, draft vocabulary] for the positions after ``root`` [b] (rows ``0..b-1``). Attention
         reads the first ``window`` slots (default: all), which must hold every row's ``context_len + block``."""
+        with self.linears.installed():
+            return self._draft(root, context_len, window)
+
+    def _draft(self, root: torch.Tensor, context_len: torch.Tensor, window: int | None) -> torch.Tensor:
         batch = root.shape[0]
         rows = slice(0, batch)
         window = self.kv.shape[4] if window is None else int(window)

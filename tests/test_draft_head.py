@@ -82,3 +82,92 @@ def test_the_eager_and_static_drafters_score_through_the_same_head():
     static.extend(feats[None], torch.zeros(1, dtype=torch.long))
     drafted = static.draft(torch.tensor([3]), torch.tensor([5]))[0]
     torch.testing.assert_close(drafted, got, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- the drafter's own layers
+
+
+def _plain_linears(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if type(m) is torch.nn.Linear]
+
+
+@pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN (mkldnn) linear")
+def test_the_drafters_layers_run_onednn_only_inside_a_draft_call(monkeypatch):
+    """Every plain linear of a float32 drafter goes through oneDNN during propose/extend/draft, and the modules are
+    the model's own again afterwards (training and any other caller see nn.Linear)."""
+    target = tiny_target("qwen3", seed=0, vocab=48, dtype=torch.float32)
+    drafter = tiny_drafter(target, block_size=4, seed=1, layers=2)
+    linears = _plain_linears(drafter)
+    assert linears
+    eager = DFlashProposer.for_target(drafter, target)
+    static = StaticDrafter(drafter, target.get_input_embeddings(), target.get_output_embeddings(), capacity=32)
+    assert eager.linears.backend == static.linears.backend == "onednn"
+    assert {id(m) for m in eager.linears.layers} == {id(m) for m in linears}
+    seen: list[torch.Size] = []
+    real = draft_head._onednn_linear
+    monkeypatch.setattr(draft_head, "_onednn_linear", lambda x, w: seen.append(w.shape) or real(x, w))
+    feats = torch.randn(5, drafter.config.num_context_features, generator=torch.Generator().manual_seed(6))
+    got = eager.propose(3, feats)
+    weights = {m.weight.shape for m in linears}
+    assert weights <= set(seen)  # every layer's weight went through oneDNN (the head's too)
+    assert all("forward" not in m.__dict__ for m in linears)
+    seen.clear()
+    static.extend(feats[None], torch.zeros(1, dtype=torch.long))
+    drafted = static.draft(torch.tensor([3]), torch.tensor([5]))[0]
+    assert weights <= set(seen)
+    assert all("forward" not in m.__dict__ for m in linears)
+    # The same drafts as the model's own nn.Linear layers give, to float32 rounding, with the same ranking.
+    plain = DFlashProposer.for_target(drafter, target)
+    plain.linears.layers = []
+    want = plain.propose(3, feats)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+    torch.testing.assert_close(drafted, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_float64_drafter_keeps_its_own_layers(monkeypatch):
+    """No oneDNN anywhere in a float64 draft (it would round as float32 never does): the layers are nn.Linear's."""
+    target = tiny_target("llama", seed=0, vocab=48, dtype=torch.float64)
+    drafter = tiny_drafter(target, block_size=4, seed=1, layers=1)
+    eager = DFlashProposer.for_target(drafter, target)
+    static = StaticDrafter(drafter, target.get_input_embeddings(), target.get_output_embeddings(), capacity=32)
+    assert eager.linears.backend == static.linears.backend == "linear"
+    assert eager.linears.layers == static.linears.layers == []
+
+    def never(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("oneDNN called on a float64 drafter")
+
+    monkeypatch.setattr(draft_head, "_onednn_linear", never)
+    feats = torch.randn(4, drafter.config.num_context_features, dtype=torch.float64,
+                        generator=torch.Generator().manual_seed(7))
+    eager.propose(2, feats)
+    static.extend(feats[None], torch.zeros(1, dtype=torch.long))
+    static.draft(torch.tensor([2]), torch.tensor([4]))
+
+
+def test_a_drafter_layer_that_fails_falls_back_to_linear_with_one_warning(monkeypatch):
+    target = tiny_target("qwen3", seed=0, vocab=48, dtype=torch.float32)
+    drafter = tiny_drafter(target, block_size=4, seed=1, layers=1)
+    linears = _plain_linears(drafter)
+    layers = draft_head.DraftLinears(drafter)
+    layers.layers = list(linears)  # as the check leaves them where oneDNN exists
+
+    def broken(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("unsupported mode")
+
+    monkeypatch.setattr(draft_head, "_onednn_linear", broken)
+    x = torch.randn(3, linears[0].in_features, generator=torch.Generator().manual_seed(8))
+    with pytest.warns(RuntimeWarning, match="oneDNN draft layer failed .*unsupported mode.*F.linear") as caught:
+        with layers.installed():
+            first, second = linears[0](x), linears[0](x)
+    assert len([w for w in caught if "draft layer" in str(w.message)]) == 1  # once, then F.linear for good
+    assert torch.equal(first, torch.nn.functional.linear(x, linears[0].weight)) and torch.equal(first, second)
+    assert all(m is not linears[0] for m in layers.layers) and len(layers.layers) == len(linears) - 1
+    assert "forward" not in linears[0].__dict__
+
+
+def test_a_layer_whose_check_disagrees_is_not_taken(monkeypatch):
+    monkeypatch.setattr(draft_head, "_onednn_linear", lambda x, w: (x @ w.T) + 1.0)
+    target = tiny_target("qwen3", seed=0, vocab=48, dtype=torch.float32)
+    drafter = tiny_drafter(target, block_size=4, seed=1, layers=1)
+    assert draft_head.DraftLinears(drafter).layers == []
