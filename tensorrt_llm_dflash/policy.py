@@ -47,8 +47,14 @@ from .tree import DRAFTER, LOOKUP, CandidateTree, DraftTree, build_ddtree
 
 # ----------------------------------------------------------------------------- costs
 
-#: Tree sizes (root included) the start-up calibration times.
-CALIBRATION_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)
+#: Tree sizes (root included) the start-up calibration times: every size to 17, then sparser. A CPU's verify cost
+#: is not smooth in the size (on the 2-core AMD EPYC, with the blocked GEMM bit-identical at 8 and 12..128 rows and
+#: not at 9..11: 8 rows 41 ms, 9 rows 57, 16 rows 52), so a curve interpolated from 1, 2, 3, 5, 9, 17, ... priced
+#: the sizes between its points wrongly until a step had measured them, and which size a run settled on (7 or 15
+#: draft nodes) moved HumanEval between 1.81x and 1.93x AR (BENCHMARKS.md).
+CALIBRATION_SIZES = (*range(1, 18), 24, 32, 33, 48, 64, 65)
+#: Bumped whenever what a cached curve measured would change: a new calibration or new fast paths.
+COST_CACHE_FORMAT = 2
 
 
 @dataclass
@@ -200,16 +206,24 @@ def cost_cache_dir() -> Path:
 
 
 def cost_cache_key(target: Any, proposer: Any | None, extra: str = "") -> str:
-    """Machine (CPU model and threads, or GPU), target and drafter identity."""
+    """Machine (CPU model and threads, or GPU), target and drafter identity, and what decides the costs besides them:
+    the calibration's sizes, the verifier's blocked-GEMM rows and the draft's routes (a curve measured before the
+    blocked GEMMs served one-token steps priced AR 30% too high on the 2-core EPYC)."""
+    from .target import BLOCKED_ROWS
+
     parts = [_device_name(target), platform.node(), str(torch.__version__), type(target).__name__,
-             str(getattr(target, "vocab_size", "")), str(getattr(target, "dtype", "")), extra]
+             str(getattr(target, "vocab_size", "")), str(getattr(target, "dtype", "")), extra,
+             f"format {COST_CACHE_FORMAT}", f"sizes {CALIBRATION_SIZES}",
+             f"blocked rows {BLOCKED_ROWS.start}..{BLOCKED_ROWS.stop - 1}"]
     model = getattr(target, "model", None)
     if model is not None:
         parts.append(str(sum(p.numel() for p in model.parameters())))
         parts.append(json.dumps(getattr(model.config, "to_diff_dict", dict)(), sort_keys=True, default=str))
     if proposer is not None:
         parts += [type(proposer).__name__, str(getattr(proposer, "block_size", "")),
-                  str(getattr(proposer, "dtype", ""))]
+                  str(getattr(proposer, "dtype", "")),
+                  str(getattr(getattr(proposer, "head", None), "backend", "")),
+                  str(getattr(getattr(proposer, "linears", None), "backend", ""))]
         drafter = getattr(proposer, "model", None)
         if drafter is not None:
             parts.append(str(sum(p.numel() for p in drafter.parameters())))

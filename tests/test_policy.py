@@ -31,6 +31,7 @@ from tensorrt_llm_dflash.policy import (
     PolicyConfig,
     calibrate_costs,
     calibration_path,
+    cost_cache_key,
     default_policy,
     load_or_calibrate_costs,
 )
@@ -330,6 +331,28 @@ def test_cost_calibration_and_cache(tmp_path, monkeypatch):
     (next(tmp_path.glob("costs/*.json"))).write_text("{not json")
     _, how = load_or_calibrate_costs(target, proposer, max_nodes=8)
     assert how == "measured", "a damaged cache entry is measured again"
+
+
+def test_a_cached_cost_curve_is_not_reused_once_the_fast_paths_change(tmp_path, monkeypatch):
+    """The cache key holds what decides the costs besides the machine and the models: a curve measured before the
+    verifier's blocked GEMMs or the draft's routes changed is measured again, not reused."""
+    import tensorrt_llm_dflash.target as target_mod
+
+    monkeypatch.setenv("TENSORRT_LLM_DFLASH_CACHE", str(tmp_path))
+    model = cached_target("qwen3", seed=0, vocab=32)
+    proposer, layer_ids = build_proposer("drafter", model, 4, 0, [])
+    target = HFTargetVerifier(model, layer_ids)
+    key = cost_cache_key(target, proposer)
+    assert cost_cache_key(target, proposer) == key
+    monkeypatch.setattr(target_mod, "BLOCKED_ROWS", range(4, 16))
+    assert cost_cache_key(target, proposer) != key
+    monkeypatch.setattr(target_mod, "BLOCKED_ROWS", range(1, 129))
+    assert cost_cache_key(target, proposer) == key
+    keys = set()
+    for layers in ([], [model]):  # the drafter's layers on F.linear, then (as on a float32 CPU) on oneDNN
+        monkeypatch.setattr(proposer.linears, "layers", layers)
+        keys.add(cost_cache_key(target, proposer))
+    assert len(keys) == 2
 
 
 def test_online_refinement_moves_the_curve():
