@@ -51,7 +51,7 @@ POLICY_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 #: The same on a CPU, with 15 for 16: chosen when only the verify's 4..15-row GEMMs ran blocked
 #: (``target.BlockedLinear``) and a 16-row verify cost 127 ms against 114 ms for 15 rows on the 2-core EPYC, which
 #: steered the policy to 4 and 8 nodes where the eager runtime's picks 15 (BENCHMARKS.md, "Serving"). Since 1..128
-#: rows run blocked the two cost about the same; 15 is kept because the serving figures were measured with it.
+#: rows run blocked, 16 rows do too (not timed against 15 since); 15 is kept because the serving figures used it.
 CPU_POLICY_BUCKETS = (1, 2, 4, 8, 15, 32, 64)
 #: The policy's first tree size, before any step has told it better (the middle drafted size where it is not one).
 POLICY_START = 16
