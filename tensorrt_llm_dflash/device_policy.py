@@ -278,12 +278,23 @@ class SizeChooser:
     ``backoff`` to 1. Each probe that AR survives doubles ``backoff``, and more when the probe's own estimates
     say the next one would lose much: a probe at size ``p`` whose rate falls short of AR's by a share ``d``
     costs ``d * cost(p) / cost(1)`` AR steps (with ``credit``, or what it puts the row it slows most behind AR's
-    pace beyond that row's credit, if more), so the gap grows to at least that over ``probe_share`` (up to
-    ``max_backoff``). At batch 16 on the 2-core EPYC a probe lost ~0.7 AR steps; doubling from 1 spent 6-7 of
-    them on every 128-token request, 3-5% of AR's pace. When
-    speculation does not pay at this batch, at most one step in ``max_backoff + 1`` is a probe, and while the
-    gap is below ``max_backoff`` the probes cost at most ``probe_share`` of the AR steps between them (plus the
-    doubling's first few).
+    pace beyond that row's credit, if more), so the gap grows to at least that over ``probe_share``.
+
+    **How long a gap may grow** depends on how often probes find speculation paying again, which depends on the
+    batch: at batch 16 on the 2-core EPYC a tree costs 2.3 AR steps and probes almost never win, so a probe every
+    ``max_backoff`` AR steps is right (each lost ~0.7 AR steps; doubling from 1 spent 6-7 of them on every
+    128-token request, 3-5% of AR's pace); at batch 1 a step drafts for ~0.4 AR steps and a response turns
+    predictable again within a few steps (prose into code, a list, a repeat), so a gap of 64 (reached after one
+    bad probe) left half of a 128-token chat answer on AR while trees would have paid: 43-48 tok/s at one client
+    against 53 with gaps of at most 8 (2026-11-28). So each number of rows keeps its own record of the probes
+    judged and of those that won (forgotten by ``probe_decay`` per probe), and the gap stays below
+    :meth:`gap_cap`: ``probe_gap`` over the share of probes that won, ``(wins + 0.5) / (probes + 1)``; 8 before any
+    probe, growing with each loss to ``max_backoff``, where at most one step in ``max_backoff + 1`` is a probe.
+
+    **New rows.** A gap was judged on the rows that stepped then. Where at least half of the rows stepping now have
+    no estimate of their own (new requests, never drafted for), the chooser probes at once and the gap starts again
+    from 1: at batch 1 every new request gets its own look (before, a request that followed a chat answer decoded
+    its first 64 tokens on AR whatever it was); at batch 16 that is one probe per eight admissions.
     """
 
     sizes: tuple[int, ...]
@@ -291,6 +302,9 @@ class SizeChooser:
     max_backoff: int = 64
     #: The share of the AR steps between probes that a losing probe may cost (it sets the gap after it).
     probe_share: float = 0.01
+    #: The gap's floor for the probe record (:meth:`gap_cap`), and how fast that record forgets, per probe.
+    probe_gap: int = 4
+    probe_decay: float = 0.95
     decay: float = 0.98
     #: AR steps to run before the next probe, and AR steps run since the last drafted step.
     backoff: int = 1
@@ -304,6 +318,9 @@ class SizeChooser:
     _pending: tuple[int, float] | None = field(init=False, default=None)
     #: The mean estimate of the rows at the last choice that had one: what a batch of new rows counts as.
     typical: list[float] | None = field(init=False, default=None)
+    #: Per number of rows stepping: forgotten counts of the probes judged and of those that found speculation paying.
+    probes: dict[int, float] = field(init=False, default_factory=dict)
+    wins: dict[int, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.sizes = tuple(sorted(int(s) for s in self.sizes))
@@ -364,20 +381,36 @@ class SizeChooser:
         rate = self._rates(rows, costs, remaining)
         allowed = self.affordable(rows, costs, credit)
         best = max((s for s in self.sizes if s in allowed), key=rate.get)  # the first maximum: the smaller size
+        n = len(rows)
+        judged = self.ar_run == 0 and self.backoff > 1  # the last step was a probe, or a drafted step fell back
         if best == 1:
-            if self.ar_run == 0 and self.backoff > 1:  # the last step was a probe (a win resets backoff to 1)
-                # AR survived it: wait longer the more the next one would lose, by the probe's fresh estimates
+            if judged:  # AR survived it: wait longer the more the next one would lose, by the probe's fresh estimates
+                self._judge_probe(n, won=False)
                 loss = self.probe_loss(rate, costs, rows, credit)
-                self.backoff = min(max(self.backoff, math.ceil(loss / self.probe_share)), self.max_backoff)
+                self.backoff = min(max(self.backoff, math.ceil(loss / self.probe_share)), self.gap_cap(n))
+            if 2 * sum(e is None for e in expected) >= n:  # mostly new rows: the gap was judged on others
+                self.ar_run = self.backoff = 1
             if self.ar_run < self.backoff:
                 self.ar_run += 1
                 return 1
-            self.ar_run, self.backoff = 0, min(2 * self.backoff, self.max_backoff)
+            self.ar_run, self.backoff = 0, min(2 * self.backoff, self.gap_cap(n))
             best = max(self.drafted, key=rate.get)  # a probe
         else:
+            if judged:
+                self._judge_probe(n, won=True)
             self.ar_run, self.backoff = 0, 1
         self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
+
+    def gap_cap(self, rows: int) -> int:
+        """The most AR steps between probes for a batch of ``rows`` rows: ``probe_gap`` over the share of its probes
+        that won lately, ``(wins + 0.5) / (probes + 1)`` (8 before any), at most ``max_backoff``."""
+        share = (self.wins.get(rows, 0.0) + 0.5) / (self.probes.get(rows, 0.0) + 1.0)
+        return min(math.ceil(self.probe_gap / share - 1e-9), self.max_backoff)  # share < 1: at least probe_gap
+
+    def _judge_probe(self, rows: int, won: bool) -> None:
+        self.probes[rows] = self.probe_decay * self.probes.get(rows, 0.0) + 1.0
+        self.wins[rows] = self.probe_decay * self.wins.get(rows, 0.0) + float(won)
 
     def affordable(self, rows: list[list[float]], costs: Sequence[float],
                    credit: Sequence[float] | None) -> set[int]:
