@@ -286,15 +286,16 @@ class SizeChooser:
     128-token request, 3-5% of AR's pace); at batch 1 a step drafts for ~0.4 AR steps and a response turns
     predictable again within a few steps (prose into code, a list, a repeat), so a gap of 64 (reached after one
     bad probe) left half of a 128-token chat answer on AR while trees would have paid: 43-48 tok/s at one client
-    against 53 with gaps of at most 8 (2026-11-28). So each number of rows keeps its own record of the probes
-    judged and of those that won (forgotten by ``probe_decay`` per probe), and the gap stays below
-    :meth:`gap_cap`: ``probe_gap`` over the share of probes that won, ``(wins + 0.5) / (probes + 1)``; 8 before any
-    probe, growing with each loss to ``max_backoff``, where at most one step in ``max_backoff + 1`` is a probe.
+    against 53 with gaps of at most 8 (2026-11-28). So each batch size class (rows rounded up to a power of two, the
+    batch buckets) keeps its own record of the probes judged and of those that won (forgotten by ``probe_decay``
+    per probe), and the gap stays below :meth:`gap_cap`: ``probe_gap`` over the share of probes that won,
+    ``wins / (probes + 1)``, and ``max_backoff`` until one has won: the gap shortens only on evidence that probes
+    win at this batch size, so where they never do (16 rows on that CPU) the probes are as rare as before.
 
-    **New rows.** A gap was judged on the rows that stepped then. Where at least half of the rows stepping now have
-    no estimate of their own (new requests, never drafted for), the chooser probes at once and the gap starts again
-    from 1: at batch 1 every new request gets its own look (before, a request that followed a chat answer decoded
-    its first 64 tokens on AR whatever it was); at batch 16 that is one probe per eight admissions.
+    **New rows.** A gap was judged on the rows that stepped then. Where no row stepping now has an estimate of its
+    own (new requests, never drafted for), the chooser probes at once and the gap starts again from 1: at batch 1
+    every new request gets its own look (before, a request that followed a chat answer decoded its first 64 tokens
+    on AR whatever it was).
     """
 
     sizes: tuple[int, ...]
@@ -381,14 +382,14 @@ class SizeChooser:
         rate = self._rates(rows, costs, remaining)
         allowed = self.affordable(rows, costs, credit)
         best = max((s for s in self.sizes if s in allowed), key=rate.get)  # the first maximum: the smaller size
-        n = len(rows)
+        n = 1 << (len(rows) - 1).bit_length()  # the batch size class the probe record is kept for
         judged = self.ar_run == 0 and self.backoff > 1  # the last step was a probe, or a drafted step fell back
         if best == 1:
             if judged:  # AR survived it: wait longer the more the next one would lose, by the probe's fresh estimates
                 self._judge_probe(n, won=False)
                 loss = self.probe_loss(rate, costs, rows, credit)
                 self.backoff = min(max(self.backoff, math.ceil(loss / self.probe_share)), self.gap_cap(n))
-            if 2 * sum(e is None for e in expected) >= n:  # mostly new rows: the gap was judged on others
+            if all(e is None for e in expected):  # only new rows: the gap was judged on other requests
                 self.ar_run = self.backoff = 1
             if self.ar_run < self.backoff:
                 self.ar_run += 1
@@ -403,9 +404,12 @@ class SizeChooser:
         return best
 
     def gap_cap(self, rows: int) -> int:
-        """The most AR steps between probes for a batch of ``rows`` rows: ``probe_gap`` over the share of its probes
-        that won lately, ``(wins + 0.5) / (probes + 1)`` (8 before any), at most ``max_backoff``."""
-        share = (self.wins.get(rows, 0.0) + 0.5) / (self.probes.get(rows, 0.0) + 1.0)
+        """The most AR steps between probes for the batch size class ``rows`` (a power of two): ``probe_gap`` over the
+        share of its probes that won lately, ``wins / (probes + 1)``, at most ``max_backoff`` (all of it until a
+        probe has won)."""
+        share = self.wins.get(rows, 0.0) / (self.probes.get(rows, 0.0) + 1.0)
+        if share <= 0.0:
+            return self.max_backoff
         return min(math.ceil(self.probe_gap / share - 1e-9), self.max_backoff)  # share < 1: at least probe_gap
 
     def _judge_probe(self, rows: int, won: bool) -> None:
