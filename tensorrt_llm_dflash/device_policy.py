@@ -319,7 +319,8 @@ class SizeChooser:
     _pending: tuple[int, float] | None = field(init=False, default=None)
     #: The mean estimate of the rows at the last choice that had one: what a batch of new rows counts as.
     typical: list[float] | None = field(init=False, default=None)
-    #: Per number of rows stepping: forgotten counts of the probes judged and of those that found speculation paying.
+    #: Per batch size class (rows rounded up to a power of two): forgotten counts of the probes judged and of those
+    #: that found speculation paying (:meth:`gap_cap`).
     probes: dict[int, float] = field(init=False, default_factory=dict)
     wins: dict[int, float] = field(init=False, default_factory=dict)
 
