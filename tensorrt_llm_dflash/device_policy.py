@@ -286,15 +286,15 @@ class SizeChooser:
     128-token request, 3-5% of AR's pace); at batch 1 a step drafts for ~0.4 AR steps and a response turns
     predictable again within a few steps (prose into code, a list, a repeat), so a gap of 64 (reached after one
     bad probe) left half of a 128-token chat answer on AR while trees would have paid: 43-48 tok/s at one client
-    against 53 with gaps of at most 8 (2026-11-28). So each batch size class (rows rounded up to a power of two, the
+    against 53 with gaps of at most 8 and a probe per new request (2026-11-28). So each batch size class (rows rounded up to a power of two, the
     batch buckets) keeps its own record of the probes judged and of those that won (forgotten by ``probe_decay``
     per probe), and the gap stays below :meth:`gap_cap`: ``probe_gap`` over the share of probes that won,
     ``wins / (probes + 1)``, and ``max_backoff`` until one has won: the gap shortens only on evidence that probes
     win at this batch size, so where they never do (16 rows on that CPU) the probes are as rare as before.
 
     **New rows.** A gap was judged on the rows that stepped then. Where no row stepping now has an estimate of its
-    own (new requests, never drafted for), the chooser probes at once and the gap starts again from 1: at batch 1
-    every new request gets its own look (before, a request that followed a chat answer decoded its first 64 tokens
+    own (new requests, never drafted for), the chooser probes at once and the gap restarts from that probe's own
+    loss: at batch 1 every new request gets its own look (before, a request that followed a chat answer decoded its first 64 tokens
     on AR whatever it was).
     """
 
@@ -404,18 +404,18 @@ class SizeChooser:
         self._pending = (best, self._totals(rows)[best] - len(rows))
         return best
 
-    def gap_cap(self, rows: int) -> int:
-        """The most AR steps between probes for the batch size class ``rows`` (a power of two): ``probe_gap`` over the
-        share of its probes that won lately, ``wins / (probes + 1)``, at most ``max_backoff`` (all of it until a
-        probe has won)."""
-        share = self.wins.get(rows, 0.0) / (self.probes.get(rows, 0.0) + 1.0)
+    def gap_cap(self, size_class: int) -> int:
+        """The most AR steps between probes for the batch size class ``size_class`` (rows rounded up to a power of
+        two): ``probe_gap`` over the share of its probes that won lately, ``wins / (probes + 1)``, at most
+        ``max_backoff`` (all of it until a probe has won)."""
+        share = self.wins.get(size_class, 0.0) / (self.probes.get(size_class, 0.0) + 1.0)
         if share <= 0.0:
             return self.max_backoff
         return min(math.ceil(self.probe_gap / share - 1e-9), self.max_backoff)  # share < 1: at least probe_gap
 
-    def _judge_probe(self, rows: int, won: bool) -> None:
-        self.probes[rows] = self.probe_decay * self.probes.get(rows, 0.0) + 1.0
-        self.wins[rows] = self.probe_decay * self.wins.get(rows, 0.0) + float(won)
+    def _judge_probe(self, size_class: int, won: bool) -> None:
+        self.probes[size_class] = self.probe_decay * self.probes.get(size_class, 0.0) + 1.0
+        self.wins[size_class] = self.probe_decay * self.wins.get(size_class, 0.0) + float(won)
 
     def affordable(self, rows: list[list[float]], costs: Sequence[float],
                    credit: Sequence[float] | None) -> set[int]:

@@ -126,7 +126,7 @@ def test_where_probes_win_the_gap_stays_short():
     assert ar_runs(losing, lambda step: poor)[-5:] == [64] * 5 and losing.gap_cap(1) == 64
 
 
-def test_mostly_new_rows_are_probed_at_once():
+def test_a_batch_of_only_new_rows_is_probed_at_once():
     """A gap was judged on the rows that stepped then. A new request (no estimate of its own) in a batch of one gets a
     probe at its first step, whatever the last request left, and the gap starts again from that probe's own loss;
     in a larger batch only when every row is new (a few new rows wait for the next probe)."""
