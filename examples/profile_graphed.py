@@ -9,10 +9,17 @@ dtype, it times the pieces issue 29 asks about in isolation:
 * ``compact``: the static cache's KV compaction (one gather + one scatter over all layers) for a
   16-token path, eager and, on CUDA, replayed from a CUDA graph;
 * with ``--kernels``: one eager verify of the largest size and one eager draft under
-  ``torch.profiler``, the top kernels by device time (where bf16 and fp32 differ).
+  ``torch.profiler``, the top kernels by device time (where bf16 and fp32 differ);
+* with ``--batch_costs B ...``: the cost-aware tree's step at every batch bucket B and tree size, per stage, and
+  what it costs in AR steps of that batch: the tokens per row a step of that size must commit to keep AR's pace
+  (its break-even), beside the acceptance each size reached on the prompt at batch 1 (a DDTree of that size).
+  Where every size's break-even exceeds what the drafter delivers, speculation cannot pay at that concurrency on
+  this machine, and the cost-aware tree decodes AR there.
 
     python examples/profile_graphed.py --device cuda --dtypes float32 bfloat16 --kernels --output_dir prof
     python examples/profile_graphed.py --max_new_tokens 32 --methods ar-graph auto-graph   # CPU, eager stages
+    python examples/profile_graphed.py --methods ar-graph ddtree-graph:1 ddtree-graph:3 ddtree-graph:7 \
+        --batch_costs 1 4 8 16 --output_dir prof   # where speculation can pay, per concurrency
 
 Results print as one line per figure and, with ``--output_dir``, as ``profile.json``.
 """
@@ -50,8 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="ar-graph, dflash-graph, auto-graph, ddtree-graph:B")
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--kernels", action="store_true", help="torch.profiler kernel tables of one verify and one draft")
+    ap.add_argument("--batch_costs", type=int, nargs="+", default=None, metavar="B",
+                    help="time the cost-aware tree's step per stage at these batch sizes (rows), every tree size")
     ap.add_argument("--output_dir", default=None)
     args = ap.parse_args(argv)
+    for rows in args.batch_costs or ():
+        if rows < 1:
+            ap.error(f"--batch_costs: batch sizes must be >= 1, got {rows}")
     for method in args.methods:
         name, _, param = method.partition(":")
         if name not in METHODS and not (name == "ddtree-graph" and param.isdigit() and int(param) >= 1):
@@ -92,7 +104,9 @@ def profile_method(model, drafter, method: str, prompt: list[int], new_tokens: i
     steps = max(stats.steps, 1)
     return {
         "method": method, "tok_per_s": stats.new_tokens / stats.total_seconds, "steps": stats.steps,
-        "tau": stats.new_tokens / steps, "tree_sizes": sorted(set(stats.tree_sizes)),
+        "tau": stats.new_tokens / steps,
+        # Committed per decode step (the prefill's token not counted): what a step of a fixed-size tree delivers.
+        "accepted_per_step": sum(stats.acceptance_lengths) / steps, "tree_sizes": sorted(set(stats.tree_sizes)),
         "stage_ms_per_step": {k: 1000 * stats.stage_seconds.get(k, 0.0) / steps for k in STEP_STAGES},
         "prefill_ms": 1000 * stats.stage_seconds.get("prefill", 0.0),
         "capture_s": decoder.capture_seconds, "capture_mib": decoder.capture_bytes / 2**20, "prepare_s": prepare_s,
@@ -119,6 +133,25 @@ def profile_compaction(model, device: torch.device) -> dict:
             cache.compact(past, path)
         out["graphed_ms"] = _median_ms(graph.replay, device)
     out["kv_mib"] = cache.kv.numel() * cache.kv.element_size() / 2**20
+    return out
+
+
+def batch_costs(model, drafter, prompt: list[int], batches: list[int], tau: dict[int, float]) -> dict:
+    """The cost-aware tree's step per stage at each batch size (every row holding ``prompt``) and tree size, in ms and
+    in AR steps of that batch; ``tau``: tokens per decode step a size committed at batch 1 (a DDTree of that many nodes)."""
+    decoder = GraphedDecoder(model, drafter, budget=None, batch=max(batches))
+    decoder.reserve(len(prompt), 128)
+    for row in range(max(batches)):
+        decoder.admit(row, prompt, 128)
+    out: dict = {"sizes": list(decoder.sizes()), "batches": {}}
+    for rows in batches:
+        bucket = decoder.bucket_for(rows)
+        stages = {size: decoder.time_stages(size, bucket=bucket) for size in decoder.sizes()}
+        ar_ms = sum(stages[1].values())
+        out["batches"][str(rows)] = {
+            "bucket": bucket,
+            "sizes": {str(size): {"stage_ms": ms, "ms": sum(ms.values()), "break_even": sum(ms.values()) / ar_ms,
+                                  "accepted_batch1": tau.get(size)} for size, ms in stages.items()}}
     return out
 
 
@@ -173,6 +206,15 @@ def main(argv: list[str] | None = None) -> int:
             ar = next((r["output_ids"] for r in entry["methods"] if r["method"] == "ar-graph"), None)
             for row in entry["methods"]:
                 row["equals_ar"] = None if ar is None else row["output_ids"] == ar
+            if args.batch_costs:
+                tau = {r["tree_sizes"][0]: r["accepted_per_step"] for r in entry["methods"]  # fixed-size trees: AR and DDTrees
+                       if r["method"] == "ar-graph" or r["method"].startswith("ddtree-graph")}
+                entry["batch_costs"] = batch_costs(model, drafter, prompt, sorted(set(args.batch_costs)), tau)
+                for rows, at in entry["batch_costs"]["batches"].items():
+                    sizes = " ".join(f"{size}: {v['ms']:.1f} ms = {v['break_even']:.2f} AR"
+                                     + (f" (accepts {v['accepted_batch1']:.2f})" if v["accepted_batch1"] else "")
+                                     for size, v in at["sizes"].items())
+                    print(f"[{dtype_name}] batch {rows}: {sizes}", flush=True)
             if args.kernels:
                 entry["kernels"] = kernel_tables(model, drafter, device, prompt)
                 for stage, table in entry["kernels"].items():

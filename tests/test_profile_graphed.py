@@ -28,3 +28,27 @@ def test_the_profile_runs_on_the_cpu_and_writes_its_report(tmp_path):
     assert all(row["equals_ar"] for row in entry["methods"])
     assert all(set(row["stage_ms_per_step"]) == {"draft", "tree_build", "tree_compile", "verify", "commit"} for row in entry["methods"])
     assert entry["compaction"]["eager_ms"] > 0 and "graphed_ms" not in entry["compaction"]  # no CUDA graph on a CPU
+
+
+def test_batch_costs_time_every_size_at_every_batch_in_ar_steps(tmp_path):
+    """--batch_costs: per batch size, every tree size's step per stage, its cost in AR steps of that batch (AR itself
+    exactly 1), and the tokens per step the fixed-size methods committed at batch 1 (AR exactly 1)."""
+    module = load_example("profile_graphed")
+    assert module.main(["--max_new_tokens", "4", "--methods", "ar-graph", "ddtree-graph:1", "--batch_costs", "4", "1", "3",
+                        "--output_dir", str(tmp_path)]) == 0
+    costs = json.loads((tmp_path / "profile.json").read_text())["dtypes"]["float32"]["batch_costs"]
+    assert list(costs["batches"]) == ["1", "3", "4"] and costs["batches"]["3"]["bucket"] == 4  # rows round up
+    for at in costs["batches"].values():
+        assert list(at["sizes"]) == [str(s) for s in costs["sizes"]] and costs["sizes"][0] == 1
+        ar = at["sizes"]["1"]
+        assert ar["break_even"] == 1.0 and ar["accepted_batch1"] == 1.0 and "draft" not in ar["stage_ms"]
+        two = at["sizes"]["2"]
+        assert set(two["stage_ms"]) >= {"draft", "verify", "commit"} and two["ms"] > 0
+        assert two["break_even"] == two["ms"] / ar["ms"] and 1.0 <= two["accepted_batch1"] <= 2.0
+        assert at["sizes"]["4"]["accepted_batch1"] is None  # no fixed 4-node method ran
+
+
+def test_batch_costs_refuse_a_batch_below_one(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_example("profile_graphed").parse_args(["--batch_costs", "1", "0"])
+    assert exit_info.value.code == 2 and "--batch_costs" in capsys.readouterr().err
