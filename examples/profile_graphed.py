@@ -12,7 +12,8 @@ dtype, it times the pieces issue 29 asks about in isolation:
   ``torch.profiler``, the top kernels by device time (where bf16 and fp32 differ);
 * with ``--batch_costs B ...``: the cost-aware tree's step at every batch bucket B and tree size, per stage, and
   what it costs in AR steps of that batch: the tokens per row a step of that size must commit to keep AR's pace
-  (its break-even), beside the acceptance each size reached on the prompt at batch 1 (a DDTree of that size).
+  (its break-even), beside the tokens per step a DDTree of that size committed on the prompt at batch 1 (``--methods ddtree-graph:B``
+  for size B + 1).
   Where every size's break-even exceeds what the drafter delivers, speculation cannot pay at that concurrency on
   this machine, and the cost-aware tree decodes AR there.
 
@@ -136,9 +137,9 @@ def profile_compaction(model, device: torch.device) -> dict:
     return out
 
 
-def batch_costs(model, drafter, prompt: list[int], batches: list[int], tau: dict[int, float]) -> dict:
+def batch_costs(model, drafter, prompt: list[int], batches: list[int], accepted: dict[int, float]) -> dict:
     """The cost-aware tree's step per stage at each batch size (every row holding ``prompt``) and tree size, in ms and
-    in AR steps of that batch; ``tau``: tokens per decode step a size committed at batch 1 (a DDTree of that many nodes)."""
+    in AR steps of that batch; ``accepted``: tokens per decode step a tree of that many nodes committed at batch 1."""
     decoder = GraphedDecoder(model, drafter, budget=None, batch=max(batches))
     decoder.reserve(len(prompt), 128)
     for row in range(max(batches)):
@@ -151,7 +152,7 @@ def batch_costs(model, drafter, prompt: list[int], batches: list[int], tau: dict
         out["batches"][str(rows)] = {
             "bucket": bucket,
             "sizes": {str(size): {"stage_ms": ms, "ms": sum(ms.values()), "break_even": sum(ms.values()) / ar_ms,
-                                  "accepted_batch1": tau.get(size)} for size, ms in stages.items()}}
+                                  "accepted_batch1": accepted.get(size)} for size, ms in stages.items()}}
     return out
 
 
@@ -207,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
             for row in entry["methods"]:
                 row["equals_ar"] = None if ar is None else row["output_ids"] == ar
             if args.batch_costs:
-                tau = {r["tree_sizes"][0]: r["accepted_per_step"] for r in entry["methods"]  # fixed-size trees: AR and DDTrees
-                       if r["method"] == "ar-graph" or r["method"].startswith("ddtree-graph")}
-                entry["batch_costs"] = batch_costs(model, drafter, prompt, sorted(set(args.batch_costs)), tau)
+                fixed = [r for r in entry["methods"]  # one tree size per step: AR and the DDTrees
+                         if r["method"] == "ar-graph" or r["method"].startswith("ddtree-graph")]
+                accepted = {r["tree_sizes"][0]: r["accepted_per_step"] for r in fixed}
+                entry["batch_costs"] = batch_costs(model, drafter, prompt, sorted(set(args.batch_costs)), accepted)
                 for rows, at in entry["batch_costs"]["batches"].items():
                     sizes = " ".join(f"{size}: {v['ms']:.1f} ms = {v['break_even']:.2f} AR"
                                      + (f" (accepts {v['accepted_batch1']:.2f})" if v["accepted_batch1"] else "")
