@@ -10,12 +10,11 @@ dtype, it times the pieces issue 29 asks about in isolation:
   16-token path, eager and, on CUDA, replayed from a CUDA graph;
 * with ``--kernels``: one eager verify of the largest size and one eager draft under
   ``torch.profiler``, the top kernels by device time (where bf16 and fp32 differ);
-* with ``--batch_costs B ...``: the cost-aware tree's step at every batch bucket B and tree size, per stage, and
+* with ``--batch_costs B ...``: the cost-aware tree's step at every batch size B and tree size, per stage, and
   what it costs in AR steps of that batch: the tokens per row a step of that size must commit to keep AR's pace
-  (its break-even), beside the tokens per step a DDTree of that size committed on the prompt at batch 1 (``--methods ddtree-graph:B``
-  for size B + 1).
-  Where every size's break-even exceeds what the drafter delivers, speculation cannot pay at that concurrency on
-  this machine, and the cost-aware tree decodes AR there.
+  (its break-even), beside the tokens per step a DDTree of that size committed on the prompt at batch 1
+  (``--methods ddtree-graph:B`` gives size B + 1). Where every size's break-even exceeds what the drafter
+  delivers, speculation cannot pay at that concurrency on this machine, and the cost-aware tree decodes AR there.
 
     python examples/profile_graphed.py --device cuda --dtypes float32 bfloat16 --kernels --output_dir prof
     python examples/profile_graphed.py --max_new_tokens 32 --methods ar-graph auto-graph   # CPU, eager stages
@@ -137,21 +136,22 @@ def profile_compaction(model, device: torch.device) -> dict:
     return out
 
 
-def batch_costs(model, drafter, prompt: list[int], batches: list[int], accepted: dict[int, float]) -> dict:
+def batch_costs(model, drafter, prompt: list[int], new_tokens: int, batches: list[int],
+                accepted: dict[int, float]) -> dict:
     """The cost-aware tree's step per stage at each batch size (every row holding ``prompt``) and tree size, in ms and
     in AR steps of that batch; ``accepted``: tokens per decode step a tree of that many nodes committed at batch 1."""
     decoder = GraphedDecoder(model, drafter, budget=None, batch=max(batches))
-    decoder.reserve(len(prompt), 128)
+    decoder.reserve(len(prompt), new_tokens)
     for row in range(max(batches)):
-        decoder.admit(row, prompt, 128)
+        decoder.admit(row, prompt, new_tokens)
     out: dict = {"sizes": list(decoder.sizes()), "batches": {}}
     for rows in batches:
         bucket = decoder.bucket_for(rows)
         stages = {size: decoder.time_stages(size, bucket=bucket) for size in decoder.sizes()}
-        ar_ms = sum(stages[1].values())
+        totals = {size: sum(ms.values()) for size, ms in stages.items()}
         out["batches"][str(rows)] = {
             "bucket": bucket,
-            "sizes": {str(size): {"stage_ms": ms, "ms": sum(ms.values()), "break_even": sum(ms.values()) / ar_ms,
+            "sizes": {str(size): {"stage_ms": ms, "ms": totals[size], "break_even": totals[size] / totals[1],
                                   "accepted_batch1": accepted.get(size)} for size, ms in stages.items()}}
     return out
 
@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                 fixed = [r for r in entry["methods"]  # one tree size per step: AR and the DDTrees
                          if r["method"] == "ar-graph" or r["method"].startswith("ddtree-graph")]
                 accepted = {r["tree_sizes"][0]: r["accepted_per_step"] for r in fixed}
-                entry["batch_costs"] = batch_costs(model, drafter, prompt, sorted(set(args.batch_costs)), accepted)
+                entry["batch_costs"] = batch_costs(model, drafter, prompt, args.max_new_tokens,
+                                                   sorted(set(args.batch_costs)), accepted)
                 for rows, at in entry["batch_costs"]["batches"].items():
                     sizes = " ".join(f"{size}: {v['ms']:.1f} ms = {v['break_even']:.2f} AR"
                                      + (f" (accepts {v['accepted_batch1']:.2f})" if v["accepted_batch1"] else "")

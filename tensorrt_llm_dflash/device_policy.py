@@ -286,16 +286,17 @@ class SizeChooser:
     128-token request, 3-5% of AR's pace); at batch 1 a step drafts for ~0.4 AR steps and a response turns
     predictable again within a few steps (prose into code, a list, a repeat), so a gap of 64 (reached after one
     bad probe) left half of a 128-token chat answer on AR while trees would have paid: 43-48 tok/s at one client
-    against 53 with gaps of at most 8 and a probe per new request (2026-11-28). So each batch size class (rows rounded up to a power of two, the
-    batch buckets) keeps its own record of the probes judged and of those that won (forgotten by ``probe_decay``
-    per probe), and the gap stays below :meth:`gap_cap`: ``probe_gap`` over the share of probes that won,
+    against 53 with gaps of at most 8 and a probe per new request (2026-11-28). So each batch size class (rows
+    rounded up to a power of two, the batch buckets) keeps its own record of the probes judged and of those that
+    won (forgotten by ``probe_decay`` per probe), and the gap stays below :meth:`gap_cap`: ``probe_gap`` over the
+    share of probes that won,
     ``wins / (probes + 1)``, and ``max_backoff`` until one has won: the gap shortens only on evidence that probes
     win at this batch size, so where they never do (16 rows on that CPU) the probes are as rare as before.
 
     **New rows.** A gap was judged on the rows that stepped then. Where no row stepping now has an estimate of its
     own (new requests, never drafted for), the chooser probes at once and the gap restarts from that probe's own
-    loss: at batch 1 every new request gets its own look (before, a request that followed a chat answer decoded its first 64 tokens
-    on AR whatever it was).
+    loss: at batch 1 every new request gets its own look (before, a request that followed a chat answer decoded its
+    first 64 tokens on AR whatever it was).
     """
 
     sizes: tuple[int, ...]
