@@ -5,7 +5,8 @@ curves (deterministic, no timing), and the device side's per-row estimates and p
   batches and curves), AR included: where AR wins on the batch's own curve it is chosen, so speculation never
   costs the batch throughput against AR at the same concurrency, except for the back-off's probes, which
   thin out (doubling gaps, longer the more a probe loses, up to 64 AR steps, shorter where a batch size's probes
-  have been winning: at most one step in 65); a batch of nothing but new rows probes at once.
+  have been winning: at most one step in 65); a batch of nothing but new rows probes at once (in a batch
+  of more than one, where that batch size's probes have won or have no record).
 * A size whose steps deliver fewer tokens than it promised is scaled down until it stops being chosen.
 * A row not drafted for yet counts as the mean of the others; a batch with no estimate starts at the start size.
 * ``expected_tokens`` is 1 + the sum of the best ``size - 1`` path values; ``learn`` ignores padding rows.
@@ -129,7 +130,8 @@ def test_where_probes_win_the_gap_stays_short():
 def test_a_batch_of_only_new_rows_is_probed_at_once():
     """A gap was judged on the rows that stepped then. A new request (no estimate of its own) in a batch of one gets a
     probe at its first step, whatever the last request left, and the gap starts again from that probe's own loss;
-    in a larger batch only when every row is new (a few new rows wait for the next probe)."""
+    in a larger batch only when every row is new (a few new rows wait for the next probe), and only where that batch
+    size's probes have won or have no record: where they all lost, new rows wait for the gap too."""
     chooser = SizeChooser(SIZES)
     poor = [1.05, 1.1, 1.1, 1.1, 1.1, 1.1]
     costs = [1.0 + 0.3 * size for size in SIZES]
@@ -147,7 +149,21 @@ def test_a_batch_of_only_new_rows_is_probed_at_once():
     while batch.ar_run in (0, batch.backoff):  # not next to a probe
         batch.choose([poor] * 8, costs)
     assert batch.choose([poor] + [None] * 7, costs) == 1
-    assert batch.choose([None] * 8, costs) == 2
+    assert batch.wins.get(8, 0.0) == 0.0 and batch.probes[8] > 0  # every probe of 8 rows lost
+    while batch.ar_run in (0, batch.backoff):
+        batch.choose([poor] * 8, costs)
+    assert not batch.probe_new_rows(8) and batch.choose([None] * 8, costs) == 1
+    # Where a probe of 8 rows has won, or none was judged yet, eight new rows get one at once.
+    batch._judge_probe(8, won=True)
+    while batch.ar_run in (0, batch.backoff):
+        batch.choose([poor] * 8, costs)
+    assert batch.probe_new_rows(8) and batch.choose([None] * 8, costs) == 2
+    fresh = SizeChooser(SIZES)
+    for _ in range(600):
+        fresh.choose([poor], costs)  # probes of one row only: no record for 8 rows
+    while fresh.ar_run in (0, fresh.backoff):
+        fresh.choose([poor], costs)
+    assert fresh.probe_new_rows(8) and fresh.choose([None] * 8, costs) == 2
 
 
 def test_a_probe_that_finds_speculation_paying_resets_the_back_off():
