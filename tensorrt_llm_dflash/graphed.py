@@ -91,6 +91,10 @@ CPU_WINDOW_STEP = 64
 #: the buffer is full). A batch where no tree pays (16 rows on the 2-core EPYC) then never pays for it: the
 #: per-step extension cost the cost-aware tree's AR steps 2.2 ms of ~120 against plain AR's.
 CPU_DEFERRED_CONTEXT = 64
+#: On a CPU a prompt's drafter context (its features from the prefill) waits for the row's first draft when it holds
+#: at most this many bytes: a row that never drafts (16 rows on the 2-core EPYC decode AR) never pays for it, ~3%
+#: of a 200-token prompt's admission; a longer prompt is extended at admission, as under graphs.
+CPU_DEFERRED_PROMPT_BYTES = 64 << 20
 #: Sampling classes, cheapest first: one graph each where a batch needs it (the values are tensors, not graphs).
 SAMPLING_KINDS = ("greedy", "sampled", "filtered")
 #: Seconds of timed steps after which a cost measurement stops repeating (one warm-up step, then at least one).
@@ -276,6 +280,7 @@ class GraphedDecoder:
         self._deferred: torch.Tensor | None = None  # [batch, CPU_DEFERRED_CONTEXT, F]: each AR step's features
         self._deferred_count = torch.zeros(self.batch, dtype=torch.long, device=self.device)  # per row, waiting
         self._deferred_steps = 0  # AR steps since the last extension: at least every row's count
+        self._deferred_prompts: dict[int, torch.Tensor] = {}  # row -> its prompt's features [1, P, F], not extended
         self._stash: dict[str, torch.Tensor] = {}
         self.capture_seconds = 0.0
         self.capture_bytes = 0
@@ -476,7 +481,10 @@ class GraphedDecoder:
         self.past[row] = len(prompt)
         self.history[row, : len(prompt)] = ids[0]
         if self.proposer is not None and features is not None:
-            self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
+            if self.defer_context and features.numel() * features.element_size() <= CPU_DEFERRED_PROMPT_BYTES:
+                self._deferred_prompts[row] = features  # extended before the row's first draft, if it drafts
+            else:
+                self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
         self._deferred_count[row] = 0
         self.temperature[row] = float(sampling.temperature)
         self.top_p[row] = float(sampling.top_p)
@@ -497,6 +505,7 @@ class GraphedDecoder:
         if self.requests.pop(row, None) is not None:
             self.past[row] = 0  # an idle row's writes stay in its first slots, inside any window
             self._deferred_count[row] = 0
+            self._deferred_prompts.pop(row, None)  # never drafted: its prompt's context was never needed
 
     @torch.inference_mode()
     def move_row(self, src: int, dst: int) -> None:
@@ -504,7 +513,9 @@ class GraphedDecoder:
         settings and host state), so that the rows in use stay in a small batch bucket."""
         if src not in self.requests or dst in self.requests or not 0 <= dst < self.batch:
             raise DFlashInputError(f"cannot move row {src} to row {dst}: the source must be busy, the target free")
-        self._extend_deferred()  # the source's whole context is in the drafter's cache before it moves
+        self._extend_deferred(prompts=False)  # the source's AR context is in the drafter's cache before it moves
+        if src in self._deferred_prompts:  # its prompt's context still waits: it moves with the row
+            self._deferred_prompts[dst] = self._deferred_prompts.pop(src)
         state = self.requests.pop(src)
         used = state.past  # slots 0..past-1 hold committed K/V; the rest is scratch
         kv = self.target.cache.kv
@@ -529,22 +540,25 @@ class GraphedDecoder:
         ``stepping`` write past their count (nothing reads it)."""
         b = features.shape[0]
         if self._deferred is None or self._deferred.shape[2] != features.shape[1]:
-            self._extend_deferred()
+            self._extend_deferred(prompts=False)
             self._deferred = features.new_zeros(self.batch, CPU_DEFERRED_CONTEXT, features.shape[1])
         if self._deferred_steps == CPU_DEFERRED_CONTEXT:
-            self._extend_deferred()
+            self._extend_deferred(prompts=False)
         count = self._deferred_count[:b]
         self._deferred[torch.arange(b, device=self.device), count] = features
         count.add_(stepping.long())
         self._deferred_steps += 1
 
-    def _extend_deferred(self) -> None:
+    def _extend_deferred(self, prompts: bool = True) -> None:
         """The drafter's context for every waiting AR step, in one call: row r's ``count`` features sit at slots
         ``past - count .. past - 1``. A row with fewer than the longest count writes stale features past its ``past``
         (scratch, which the next draft overwrites before reading; ``StaticDrafter.extend`` keeps them in its
-        cache)."""
+        cache). With ``prompts``, first every waiting prompt's context (slots ``0 .. P - 1`` of its row; each slot's
+        K/V depends on its own features and position alone, so the order does not matter)."""
         if not self.defer_context:
             return
+        if prompts:
+            self._extend_prompts()
         steps, self._deferred_steps = self._deferred_steps, 0
         rows = max(self.requests, default=-1) + 1
         if steps == 0 or rows == 0 or self._deferred is None:
@@ -553,6 +567,12 @@ class GraphedDecoder:
         count = self._deferred_count[:rows]
         self.proposer.extend(self._deferred[:rows, :steps], self.past[:rows] - count)
         self._deferred_count.zero_()
+
+    def _extend_prompts(self) -> None:
+        """The drafter's context of every prompt still waiting for its row's first draft."""
+        while self._deferred_prompts:
+            row, features = self._deferred_prompts.popitem()
+            self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
 
     def _tree_build(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         b = self.bucket
@@ -1032,6 +1052,8 @@ class GraphedDecoder:
             return {}
         self._plan(stepping, draining)
         bucket, captured, drafted = self.bucket, self.capture_seconds, self.nodes > 1
+        if drafted:  # a new prompt's drafter context, once, outside the step's time (its cost is the admission's)
+            self._extend_prompts()
         start = time.perf_counter()
         try:
             self._run_step(stage_seconds)

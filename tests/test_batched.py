@@ -22,6 +22,7 @@ import torch
 from test_sampling import VOCAB, chi2_threshold, chi_square
 from tiny_models import full_forward, hf_greedy, scripted_draft_logits, tiny_drafter, tiny_target
 
+from tensorrt_llm_dflash import graphed
 from tensorrt_llm_dflash.device_policy import SizeChooser
 from tensorrt_llm_dflash.errors import DFlashInputError
 from tensorrt_llm_dflash.graphed import GraphedDecoder, batch_buckets, row_probs, sampling_kind
@@ -598,6 +599,76 @@ def test_deferred_drafter_context_is_what_every_draft_would_have_read(monkeypatc
     assert len(deferred) == len(per_step) >= 15
     for a, b in zip(deferred, per_step):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_a_prompts_drafter_context_waits_for_its_rows_first_draft(monkeypatch):
+    """On a CPU a prompt's drafter context waits for its row's first draft (``CPU_DEFERRED_PROMPT_BYTES``): an
+    admission extends nothing, a row released before it drafts never pays for it, a row moved while its prompt
+    waits takes it along, and every draft reads what an extension at admission gives (float64, a real random
+    drafter, against a decoder that extends at admission). A prompt over the byte limit is extended at once."""
+    model = tiny_target("llama", seed=5, dtype=torch.float64)
+    drafter = tiny_drafter(model, block_size=4, seed=3, layers=2)
+    prompts = prompts_of(21, (7, 11, 5))
+    lengths = [40, 6, 30]
+    references = [hf_greedy(model, p, n) for p, n in zip(prompts, lengths)]
+    plan = [1] * 8 + [4] * 100  # AR steps first: request 1 (6 tokens) is done before anything drafts
+    monkeypatch.setattr(SizeChooser, "choose_drafted", lambda self, *args, **kwargs: 4)
+
+    def decoder_of(defer: bool) -> tuple[GraphedDecoder, list[tuple[int, int]]]:
+        decoder = GraphedDecoder(model, drafter, budget=None, batch=3, policy_buckets=(1, 2, 4),
+                                 policy_costs=flat_costs, lookup=False)
+        decoder.defer_context = defer
+        prompt_extensions: list[tuple[int, int]] = []  # (row, positions) of each one-row (prompt) extension
+        extend = decoder.proposer.extend
+
+        def spy(features: torch.Tensor, start: torch.Tensor, row: int | None = None) -> None:
+            if row is not None:
+                prompt_extensions.append((row, features.shape[1]))
+            extend(features, start, row=row)
+
+        monkeypatch.setattr(decoder.proposer, "extend", spy)
+        return decoder, prompt_extensions
+
+    def run(defer: bool) -> tuple[list[torch.Tensor], dict[int, list[int]], list[tuple[int, int]]]:
+        decoder, prompt_extensions = decoder_of(defer)
+        step = iter(range(10**6))
+        monkeypatch.setattr(decoder.chooser, "choose", lambda *args, **kwargs: plan[min(next(step), len(plan) - 1)])
+        drafts: list[torch.Tensor] = []
+        draft = decoder.proposer.draft
+        monkeypatch.setattr(decoder.proposer, "draft", lambda *args: drafts.append(draft(*args)) or drafts[-1])
+        outputs = {row: [decoder.admit(row, prompts[row], lengths[row])] for row in (0, 1, 2)}
+        request_of = {0: 0, 1: 1, 2: 2}
+        assert prompt_extensions == ([] if defer else [(0, 7), (1, 11), (2, 5)])
+        for _ in range(200):
+            if not request_of:
+                break
+            for row, result in decoder.step().items():
+                outputs[request_of[row]] += result.tokens
+                if len(outputs[request_of[row]]) >= lengths[request_of[row]]:
+                    decoder.release(row)
+                    del request_of[row]
+            if 1 not in request_of and 2 in request_of and not drafts:  # request 2 moves down, its prompt waiting
+                assert decoder._deferred_prompts.keys() == ({0, 2} if defer else set())
+                decoder.move_row(2, 1)
+                request_of[1] = request_of.pop(2)
+        assert not request_of and not decoder._deferred_prompts
+        return drafts, outputs, prompt_extensions
+
+    deferred, outputs, extended = run(True)
+    at_admission, outputs_at_admission, _ = run(False)
+    for got in (outputs, outputs_at_admission):
+        assert [got[i][: lengths[i]] for i in range(3)] == references
+    # Request 1's prompt (11 positions) was never extended; request 2's went to the row it moved to.
+    assert sorted(extended) == [(0, 7), (1, 5)]
+    assert len(deferred) == len(at_admission) >= 10
+    for a, b in zip(deferred, at_admission):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    width = len(drafter.config.target_layer_ids) * model.config.hidden_size  # a position's features (float64)
+    monkeypatch.setattr(graphed, "CPU_DEFERRED_PROMPT_BYTES", 6 * width * 8)  # 7 positions over it, 5 within
+    decoder, prompt_extensions = decoder_of(True)
+    decoder.admit(0, prompts[0], 4)
+    decoder.admit(1, prompts[2], 4)
+    assert prompt_extensions == [(0, 7)] and set(decoder._deferred_prompts) == {1}
 
 
 def test_a_draining_decoder_hands_the_chooser_each_rows_remaining_tokens(monkeypatch):
