@@ -12,6 +12,8 @@
 * No host sync: a whole batched step (planning, uniforms, the stages) under NoHostSync, one named copy per step.
 * The cost-aware tree at batch B, from injected cost curves (no timing): it verifies trees where the batch's own
   curve makes them pay and falls back to AR where it does not; step costs are measured per batch bucket.
+* The drafter's context deferred on a CPU (AR steps' and prompts'): every draft reads what extending it at once
+  gives; a row released before it drafts never pays for its prompt's.
 """
 
 from __future__ import annotations
