@@ -549,6 +549,17 @@ def test_a_drafted_step_no_row_can_afford_verifies_its_root_alone(monkeypatch):
     assert max(alone) > 1, alone
 
 
+def step_and_release(decoder: GraphedDecoder, outputs: dict[int, list[int]], request_of: dict[int, int],
+                     lengths: list[int]) -> None:
+    """One step of every admitted row: each row's tokens go to its request's output (``request_of``: row ->
+    request), and a request with ``lengths`` of its tokens releases its row."""
+    for row, result in decoder.step().items():
+        outputs[request_of[row]] += result.tokens
+        if len(outputs[request_of[row]]) >= lengths[request_of[row]]:
+            decoder.release(row)
+            del request_of[row]
+
+
 def test_deferred_drafter_context_is_what_every_draft_would_have_read(monkeypatch):
     """On a CPU an AR step's drafter context waits for the next draft (``CPU_DEFERRED_CONTEXT``) and is extended then
     in one call. Every draft must read the context a per-step extension gives: the same requests through two
@@ -586,11 +597,7 @@ def test_deferred_drafter_context_is_what_every_draft_would_have_read(monkeypatc
                 request_of[1] = request_of.pop(2)
             if not request_of:
                 break
-            for row, result in decoder.step().items():
-                outputs[request_of[row]] += result.tokens
-                if len(outputs[request_of[row]]) >= lengths[request_of[row]]:
-                    decoder.release(row)
-                    del request_of[row]
+            step_and_release(decoder, outputs, request_of, lengths)
         assert not request_of
         return drafts, outputs
 
@@ -644,11 +651,7 @@ def test_a_prompts_drafter_context_waits_for_its_rows_first_draft(monkeypatch):
         for _ in range(200):
             if not request_of:
                 break
-            for row, result in decoder.step().items():
-                outputs[request_of[row]] += result.tokens
-                if len(outputs[request_of[row]]) >= lengths[request_of[row]]:
-                    decoder.release(row)
-                    del request_of[row]
+            step_and_release(decoder, outputs, request_of, lengths)
             if 1 not in request_of and 2 in request_of and not drafts:  # request 2 moves down, its prompt waiting
                 assert decoder._deferred_prompts.keys() == ({0, 2} if defer else set())
                 decoder.move_row(2, 1)
