@@ -93,7 +93,8 @@ CPU_WINDOW_STEP = 64
 CPU_DEFERRED_CONTEXT = 64
 #: On a CPU a prompt's drafter context (its features from the prefill) waits for the row's first draft when it holds
 #: at most this many bytes: a row that never drafts (16 rows on the 2-core EPYC decode AR) never pays for it, ~3%
-#: of a 200-token prompt's admission; a longer prompt is extended at admission, as under graphs.
+#: of an admission (the serving benchmark's prompts, 41-163 tokens); a longer prompt is extended at admission, as
+#: under graphs.
 CPU_DEFERRED_PROMPT_BYTES = 64 << 20
 #: Sampling classes, cheapest first: one graph each where a batch needs it (the values are tensors, not graphs).
 SAMPLING_KINDS = ("greedy", "sampled", "filtered")
