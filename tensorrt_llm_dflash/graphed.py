@@ -485,7 +485,7 @@ class GraphedDecoder:
             if self.defer_context and features.numel() * features.element_size() <= CPU_DEFERRED_PROMPT_BYTES:
                 self._deferred_prompts[row] = features  # extended before the row's first draft, if it drafts
             else:
-                self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
+                self._extend_prompt(row, features)
         self._deferred_count[row] = 0
         self.temperature[row] = float(sampling.temperature)
         self.top_p[row] = float(sampling.top_p)
@@ -572,8 +572,11 @@ class GraphedDecoder:
     def _extend_prompts(self) -> None:
         """The drafter's context of every prompt still waiting for its row's first draft."""
         while self._deferred_prompts:
-            row, features = self._deferred_prompts.popitem()
-            self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
+            self._extend_prompt(*self._deferred_prompts.popitem())
+
+    def _extend_prompt(self, row: int, features: torch.Tensor) -> None:
+        """The drafter's context of ``row``'s prompt (its prefill's ``features`` [1, P, F]) at slots 0..P-1."""
+        self.proposer.extend(features, torch.zeros(1, dtype=torch.long, device=self.device), row=row)
 
     def _tree_build(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         b = self.bucket
