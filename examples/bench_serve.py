@@ -14,7 +14,9 @@ interleaved, the same prompts at every concurrency) from one queue, each as a st
 /v1/chat/completions request. The servers stay loaded, idle while another runs, and stop at the end
 (``--one_server_at_a_time``: each server runs all its levels and stops before the next starts, for models
 that do not fit twice). ``--repeats R`` runs every level R times per method, the turns alternating, and
-reports each level over all its runs.
+reports each level over all its runs, each run's tok/s beside, how far they lie apart (``runs apart``: max / min - 1)
+and each repeat's speedup over AR's run of the same repeat (``paired runs vs AR``: a level's speedup is told from
+noise by it).
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
 
 Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to
@@ -453,6 +455,25 @@ def bench_interleaved(servers: dict[str, str], prompts: list[BenchPrompt], args:
     return results
 
 
+def paired_speedups(summary: dict[str, Any], ar: dict[str, Any]) -> list[float] | None:
+    """Each repeat's tok/s over AR's in the same repeat (``runs_tokens_per_second``, in run order), or None without
+    repeats of both. Interleaved, a repeat's two runs are neighbours in time (``level_order``), so a machine that
+    drifts during the run moves both: their spread is what the level's speedup can be told from noise by; AR's own
+    runs' spread (``ar_runs_spread``) says how much one run of the same server moves."""
+    runs, ar_runs = summary.get("runs_tokens_per_second"), ar.get("runs_tokens_per_second")
+    if not runs or not ar_runs or len(runs) != len(ar_runs) or not all(ar_runs):
+        return None
+    return [mine / theirs for mine, theirs in zip(runs, ar_runs)]
+
+
+def runs_spread(summary: dict[str, Any]) -> float | None:
+    """How far a level's runs lie apart: max / min - 1 of its ``runs_tokens_per_second`` (None without repeats)."""
+    runs = summary.get("runs_tokens_per_second")
+    if not runs or min(runs) <= 0:
+        return None
+    return max(runs) / min(runs) - 1.0
+
+
 def compare(results: dict[str, Any], args: argparse.Namespace, reference: dict[str, Any] | None = None) -> list[str]:
     """Speedups against AR (and the default's at concurrency 1 against run.py's ``reference``), and at temperature 0
     whether answers equal AR's and stay equal across concurrency.
@@ -470,12 +491,18 @@ def compare(results: dict[str, Any], args: argparse.Namespace, reference: dict[s
         texts = {c: [r["text"] for r in level["requests"]] for c, level in levels.items()}
         for c, level in levels.items():
             summary = level["summary"]
+            spread = runs_spread(summary)
+            if spread is not None:
+                summary["runs_spread"] = spread
             if summary["errors"]:
                 problems.append(f"{method} at concurrency {c}: {len(summary['errors'])} failed requests")
             if "ar" in results and method != "ar" and c in results["ar"]["levels"]:
                 ar = results["ar"]["levels"][c]
                 base = ar["summary"]["total_tokens_per_second"]
                 summary["speedup_vs_ar"] = summary["total_tokens_per_second"] / base if base else None
+                paired = paired_speedups(summary, ar["summary"])
+                if paired is not None:
+                    summary["paired_speedups_vs_ar"] = paired
                 if reference is not None and c == "1" and method == "default" and summary["speedup_vs_ar"] \
                         and reference["speedup"]:
                     summary["speedup_vs_runpy_speedup"] = summary["speedup_vs_ar"] / reference["speedup"]
@@ -504,14 +531,18 @@ def table(results: dict[str, Any], reference: dict[str, Any] | None = None) -> s
         lines += [f"run.py's runtime in-process on the same prompts: AR {reference['ar_tokens_per_second']:.1f} tok/s, "
                   f"default {reference['default_tokens_per_second']:.1f} tok/s ({fmt(reference['speedup'], '.2f')}x, "
                   f"tau {fmt(reference['tau'], '.2f')})", ""]
-    lines += ["| method | concurrency | requests | total tok/s | vs AR | TTFT mean (s) | TTFT p90 (s) | "
-             "per-request tok/s | tau | answers == AR |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["| method | concurrency | requests | total tok/s | runs apart | vs AR | paired runs vs AR | "
+             "TTFT mean (s) | TTFT p90 (s) | per-request tok/s | tau | answers == AR |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for method, data in results.items():
         for c, level in data["levels"].items():
             s = level["summary"]
-            lines.append(f"| {method} | {c} | {s['requests']} | {s['total_tokens_per_second']:.1f} | "
-                         f"{fmt(s.get('speedup_vs_ar'), '.2f')} | {fmt(s['ttft_mean_seconds'], '.2f')} | "
+            paired = s.get("paired_speedups_vs_ar")
+            paired_text = "-" if not paired else f"{min(paired):.2f}-{max(paired):.2f}"
+            spread = s.get("runs_spread")
+            spread_text = "-" if spread is None else f"{100 * spread:.1f}%"
+            lines.append(f"| {method} | {c} | {s['requests']} | {s['total_tokens_per_second']:.1f} | {spread_text} | "
+                         f"{fmt(s.get('speedup_vs_ar'), '.2f')} | {paired_text} | {fmt(s['ttft_mean_seconds'], '.2f')} | "
                          f"{fmt(s['ttft_p90_seconds'], '.2f')} | {fmt(s['request_tokens_per_second_mean'], '.1f')} | "
                          f"{fmt(s['tau'], '.2f')} | {s.get('outputs_equal_ar', '-')} |")
     one = results.get("default", {}).get("levels", {}).get("1", {}).get("summary", {})

@@ -105,7 +105,31 @@ def test_one_server_at_a_time_and_repeats(bench, model_dirs, tmp_path, capsys):
         assert summary["requests"] == 4 and [r["prompt"] for r in level["requests"]] == [0, 0, 1, 1]
         runs = summary["runs_tokens_per_second"]
         assert len(runs) == 2 and min(runs) <= summary["total_tokens_per_second"] <= max(runs)
-    assert report["results"]["default"]["levels"]["2"]["summary"]["outputs_equal_ar"] == "4/4"
+    default = report["results"]["default"]["levels"]["2"]["summary"]
+    assert default["outputs_equal_ar"] == "4/4"
+    # Each repeat's speedup over AR's run of the same repeat, and how far each method's runs lie apart.
+    ar = report["results"]["ar"]["levels"]["2"]["summary"]
+    assert default["paired_speedups_vs_ar"] == pytest.approx(
+        [mine / theirs for mine, theirs in zip(default["runs_tokens_per_second"], ar["runs_tokens_per_second"])])
+    assert "paired_speedups_vs_ar" not in ar
+    for summary in (ar, default):
+        runs = summary["runs_tokens_per_second"]
+        assert summary["runs_spread"] == pytest.approx(max(runs) / min(runs) - 1.0)
+    paired = default["paired_speedups_vs_ar"]
+    assert f"| {100 * default['runs_spread']:.1f}% | {default['speedup_vs_ar']:.2f} | " \
+           f"{min(paired):.2f}-{max(paired):.2f} |" in printed, printed
+
+
+def test_paired_speedups_need_the_same_repeats_of_both(bench):
+    """A repeat's speedup is over AR's run of the same repeat: none without repeats of both, or with a different
+    count (a level cut short), or an AR run that made nothing; a level's runs lie ``max / min - 1`` apart."""
+    assert bench.paired_speedups({"runs_tokens_per_second": [12.0, 9.0]},
+                                 {"runs_tokens_per_second": [10.0, 10.0]}) == pytest.approx([1.2, 0.9])
+    assert bench.paired_speedups({"runs_tokens_per_second": [12.0]}, {"runs_tokens_per_second": [10.0, 10.0]}) is None
+    assert bench.paired_speedups({"total_tokens_per_second": 12.0}, {"runs_tokens_per_second": [10.0]}) is None
+    assert bench.paired_speedups({"runs_tokens_per_second": [1.0]}, {"runs_tokens_per_second": [0.0]}) is None
+    assert bench.runs_spread({"runs_tokens_per_second": [8.0, 10.0, 9.0]}) == pytest.approx(0.25)
+    assert bench.runs_spread({"total_tokens_per_second": 9.0}) is None
 
 
 def test_level_order_alternates(bench):
