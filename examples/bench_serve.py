@@ -457,9 +457,9 @@ def bench_interleaved(servers: dict[str, str], prompts: list[BenchPrompt], args:
 
 def paired_speedups(summary: dict[str, Any], ar: dict[str, Any]) -> list[float] | None:
     """Each repeat's tok/s over AR's in the same repeat (``runs_tokens_per_second``, in run order), or None without
-    repeats of both. Interleaved, a repeat's two runs are neighbours in time (``level_order``), so a machine that
-    drifts during the run moves both: their spread is what the level's speedup can be told from noise by; AR's own
-    runs' spread (``ar_runs_spread``) says how much one run of the same server moves."""
+    the same number of repeats of both. Interleaved, a repeat's two runs are neighbours in time (``level_order``), so
+    a machine that drifts during the run moves both alike: how far these ratios spread is how far the level's speedup
+    can be trusted, beside how far one server's own runs lie apart (AR's ``runs_spread``)."""
     runs, ar_runs = summary.get("runs_tokens_per_second"), ar.get("runs_tokens_per_second")
     if not runs or not ar_runs or len(runs) != len(ar_runs) or not all(ar_runs):
         return None
