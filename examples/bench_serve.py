@@ -15,8 +15,8 @@ interleaved, the same prompts at every concurrency) from one queue, each as a st
 (``--one_server_at_a_time``: each server runs all its levels and stops before the next starts, for models
 that do not fit twice). ``--repeats R`` runs every level R times per method, the turns alternating, and
 reports each level over all its runs, each run's tok/s beside, how far they lie apart (``runs apart``: max / min - 1)
-and each repeat's speedup over AR's run of the same repeat (``paired runs vs AR``: a level's speedup is told from
-noise by it).
+and each repeat's speedup over AR's run of the same repeat (``paired runs vs AR``: how far those spread is how far
+the level's speedup can be trusted).
 With --url it benchmarks a server that is already running instead (one method, named by --methods).
 
 Per method and concurrency: total tokens/s (all completion tokens over the level's wall time), time to

@@ -89,7 +89,8 @@ CPU_WINDOW_STEP = 64
 #: On a CPU the drafter's context for an AR step's token (one slot per row: the context projection and every drafter
 #: layer's K/V) waits in a buffer of up to this many AR steps, extended in one call when a step drafts again (or
 #: the buffer is full). A batch where no tree pays (16 rows on the 2-core EPYC) then pays for it in one call per
-#: 64 steps (7 ms for 16 rows, ~0.1 ms a step) instead of on every step (2.2 ms of ~120 against plain AR's).
+#: 64 steps (7-23 ms for 16 rows in two in-process measurements, 0.1-0.2 ms a step) instead of on every step
+#: (2.2 ms of ~120 against plain AR's).
 CPU_DEFERRED_CONTEXT = 64
 #: On a CPU a prompt's drafter context (its features from the prefill) waits for the row's first draft when it holds
 #: at most this many bytes: a row that never drafts (16 rows on the 2-core EPYC decode AR) never pays for it, ~3%
