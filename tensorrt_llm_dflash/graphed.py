@@ -4,7 +4,9 @@
 acceptance count, stop condition and sampling settings (temperature, top-p, top-k as per-row
 tensors; row r's uniforms drawn from row r's own generator, so its randomness comes from its seed
 alone). :meth:`GraphedDecoder.admit` prefills a prompt into a free row while the other rows are
-mid-generation (a one-row forward that touches nothing else); :meth:`GraphedDecoder.step` runs one
+mid-generation (a one-row forward that touches nothing else; on CUDA at the prompt's padded length in a
+staging row, one graph per power-of-two length, ``static_state.PaddedPrefill``, then copied into the row: an eager
+prefill there is ~30-40 ms of launches, paid by every row waiting for it); :meth:`GraphedDecoder.step` runs one
 step of the admitted rows together; :meth:`GraphedDecoder.release` frees a row at the step boundary,
 and the next request takes it (continuous batching). A step covers the first ``b`` rows, ``b`` the
 smallest batch bucket (1, 2, 4, 8, ..., as nano-vllm and vLLM bucket) that holds every row stepping;
@@ -70,7 +72,7 @@ from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
 from .policy import PolicyConfig, models_calibration_path
 from .sampling import SamplingParams
-from .static_state import StaticDrafter, StaticTarget
+from .static_state import PaddedPrefill, StaticDrafter, StaticTarget, prefill_length
 from .target import check_prompt_fits, max_positions
 from .tree import validate_budget
 
@@ -284,6 +286,13 @@ class GraphedDecoder:
         self._deferred_steps = 0  # AR steps since the last extension: at least every row's count
         self._deferred_prompts: dict[int, torch.Tensor] = {}  # row -> its prompt's features [1, P, F], not extended
         self._stash: dict[str, torch.Tensor] = {}
+        #: Prompts are prefilled at a padded length from static buffers (``PaddedPrefill``): one CUDA graph per
+        #: length serves every prompt and row. On by default on CUDA (graphed or not, so that the eager twin of a
+        #: graphed decoder runs the same arithmetic); a CPU, compute-bound, prefills the prompt as it is.
+        self.padded_prefill = self.device.type == "cuda"
+        self._prefill: PaddedPrefill | None = None
+        self._prefill_graphs: dict[int, tuple[Any, tuple[torch.Tensor, torch.Tensor | None]]] = {}
+        self._prefill_pool: Any = None
         self.capture_seconds = 0.0
         self.capture_bytes = 0
         self.requests: dict[int, RowState] = {}
@@ -479,7 +488,10 @@ class GraphedDecoder:
         if len(prompt) + self.span > self.capacity:
             self._grow(max(len(prompt) + self.span, 2 * self.capacity))
         ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        last_logits, features = self.target.prefill(ids, row=row)
+        if self.padded_prefill:
+            last_logits, features = self._padded_prefill(ids[0], row)
+        else:
+            last_logits, features = self.target.prefill(ids, row=row)
         self.past[row] = len(prompt)
         self.history[row, : len(prompt)] = ids[0]
         if self.proposer is not None and features is not None:
@@ -500,6 +512,62 @@ class GraphedDecoder:
         first = int(self.root[row].item())  # the prefill's one copy
         self.requests[row] = RowState(len(prompt), 1, int(max_new_tokens), sampling, generator)
         return first
+
+    def _padded_prefill(self, prompt: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``prompt`` [P] prefilled at its padded length (a graph replay under graphs) and its K/V copied into
+        ``row``: the last token's logits [1, V] and the prompt's features [1, P, F] (copies: the static outputs are
+        the next prefill's)."""
+        count = prompt.shape[0]
+        length = prefill_length(count, self.max_capacity)
+        prefill = self._prefill_for(length)
+        prefill.load(prompt, length)
+        if self.use_graphs:
+            graph, (logits, feats) = self._prefill_graph(length)
+            graph.replay()
+        else:
+            logits, feats = prefill.run(length)
+        prefill.copy_to(self.target.cache, row, count)
+        return logits.clone(), None if feats is None else feats[:, :count].clone()
+
+    def _prefill_for(self, length: int) -> PaddedPrefill:
+        """The staging prefill, rebuilt larger (its graphs dropped) when ``length`` does not fit it."""
+        if self._prefill is None or self._prefill.capacity < length:
+            layer_ids = list(self.proposer.target_layer_ids) if self.proposer is not None else []
+            self._prefill = PaddedPrefill(self.model, layer_ids, length)
+            self._prefill_graphs.clear()
+        return self._prefill
+
+    def _prefill_graph(self, length: int) -> tuple[Any, tuple[torch.Tensor, torch.Tensor | None]]:
+        """The CUDA graph of a prefill at ``length`` and its static outputs, captured on first use (``prepare``
+        captures every length a prompt that fits the capacity can take). Its own memory pool: the outputs are read
+        after the replay, and no step graph may have reused their memory in between."""
+        if length not in self._prefill_graphs:
+            prefill = self._prefill_for(length)
+            start = time.perf_counter()
+            before = torch.cuda.memory_allocated(self.device)
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.inference_mode(), torch.cuda.stream(stream):
+                prefill.run(length)  # warm-up (the staging row is scratch until a prompt is copied out of it)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            if self._prefill_pool is None:
+                self._prefill_pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._prefill_pool):
+                outputs = prefill.run(length)
+            torch.cuda.synchronize(self.device)
+            self.capture_seconds += time.perf_counter() - start
+            self.capture_bytes += torch.cuda.memory_allocated(self.device) - before
+            self._prefill_graphs[length] = (graph, outputs)
+        return self._prefill_graphs[length]
+
+    def prefill_lengths(self) -> list[int]:
+        """The padded lengths of every prompt that fits the current capacity (one prefill graph each)."""
+        longest = prefill_length(max(self.capacity - self.span, 1), self.max_capacity)
+        lengths = [prefill_length(1, self.max_capacity)]
+        while lengths[-1] < longest:
+            lengths.append(prefill_length(lengths[-1] + 1, self.max_capacity))
+        return lengths
 
     def release(self, row: int) -> None:
         """The row's request is over (finished, stopped or abandoned): from now on it is inert padding, free for the
@@ -872,9 +940,15 @@ class GraphedDecoder:
         learned tables are left as they were.
 
         Every window by default: on the H100 a request that reached a window not captured yet paid its capture
-        inside the request (0.1-0.5 s for the cost-aware tree's sizes; benchmarks/gpu_h100, issue 35)."""
+        inside the request (0.1-0.5 s for the cost-aware tree's sizes; benchmarks/gpu_h100, issue 35). Under graphs
+        with ``padded_prefill``, also the prefill graph of every padded length a prompt that fits can take."""
         if sampling is not None:
             self.sampling = sampling
+        if self.use_graphs and self.padded_prefill:
+            with torch.inference_mode():
+                self._prefill_for(max(self.prefill_lengths()))
+                for length in self.prefill_lengths():
+                    self._prefill_graph(length)
         kind = sampling_kind([self.sampling])
         for bucket in buckets or self.batch_buckets:
             shape_windows = list(windows) if windows else self.windows_from(self._window_needed(bucket))

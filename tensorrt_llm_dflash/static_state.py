@@ -174,14 +174,17 @@ class StaticTarget:
         return {"full_attention": mask, "sliding_attention": windowed} if self._mixed else windowed
 
     def _run(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: Any, rows: slice,
-             window: int, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+             window: int, last_only: bool = False, keep: torch.Tensor | None = None,
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward; logits of every position, of the last (``last_only``) or of the positions in ``keep`` (a 1-D
+        device tensor: transformers' ``logits_to_keep`` takes one, 4.57 and 5.x alike, with no host read)."""
         cache = self.cache
         cache.write_slots, cache.rows, cache.window = slots, rows, window
         paths = self._cpu_paths.installed() if self._cpu_paths is not None else contextlib.nullcontext()
         with paths:
             out = self.model(input_ids=ids, position_ids=positions, attention_mask=mask, cache_position=slots[0],
                              use_cache=True, **{CACHE_KWARG: cache}, output_hidden_states=bool(self.layer_ids),
-                             logits_to_keep=1 if last_only else 0)
+                             logits_to_keep=keep if keep is not None else (1 if last_only else 0))
         feats = None
         if self.layer_ids:
             feats = torch.cat([out.hidden_states[i + 1] for i in self.layer_ids], dim=-1)
@@ -222,6 +225,74 @@ class StaticTarget:
         key_pos = torch.where(in_tree, past[:, None] + depths.gather(1, relative.clamp(0, n - 1)), cache_slots[None])
         return self._run(tokens, positions, slots, self._masks(allowed, positions, key_pos),
                          slice(0, tokens.shape[0]), window)
+
+
+#: The shortest length a padded prefill runs at; longer prompts run at the next power of two (one CUDA graph each).
+PREFILL_MIN_LENGTH = 32
+
+
+def prefill_length(prompt_len: int, limit: int) -> int:
+    """The length a prompt of ``prompt_len`` tokens is padded to: the next power of two from
+    :data:`PREFILL_MIN_LENGTH`, at most ``limit`` (and never less than the prompt)."""
+    length = PREFILL_MIN_LENGTH
+    while length < prompt_len:
+        length *= 2
+    return max(min(length, limit), prompt_len)
+
+
+class PaddedPrefill:
+    """A prompt's prefill at a fixed length, into a one-row staging cache: a few CUDA graphs serve every prompt
+    length and every row.
+
+    An eager prefill on a GPU is mostly kernel launches (~30-40 ms a prompt for SmolLM2-135M on an H100 or H200,
+    whatever its length), paid by every request and, in a server, by every other row, which waits for it. Here
+    the prompt is padded on the right to :func:`prefill_length` and run from static buffers (``ids`` and the index
+    of the last real token, per length), so one graph per length replays it; its K/V land in slots ``0 .. L-1`` of
+    a one-row cache of its own, and :meth:`copy_to` moves the prompt's ``P`` slots into the decoder's row (one copy:
+    the row is a host choice, which a graph could not take). A causal mask keeps every real token from seeing the
+    pads after it, so slots ``0 .. P-1``, the features of positions ``0 .. P-1`` and the last token's logits are
+    those of the unpadded prefill up to the rounding of other GEMM shapes (tests: float64 equal to 1e-10; the pads'
+    own K/V are never copied).
+    """
+
+    def __init__(self, model: Any, layer_ids: list[int] | None, length: int) -> None:
+        self.target = StaticTarget(model, layer_ids, length, batch=1)
+        self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.target.capacity
+
+    def load(self, prompt: torch.Tensor, length: int) -> None:
+        """Put ``prompt`` [P] into the static inputs of ``length`` (pads: token 0)."""
+        ids, last = self.inputs(length)
+        count = prompt.shape[0]
+        ids[0, :count].copy_(prompt)
+        ids[0, count:].zero_()
+        last.fill_(count - 1)
+
+    def inputs(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The static ``ids`` [1, length] and last-token index [1] of ``length`` (allocated once)."""
+        if length not in self._inputs:
+            device = self.target.device
+            self._inputs[length] = (torch.zeros(1, length, dtype=torch.long, device=device),
+                                    torch.zeros(1, dtype=torch.long, device=device))
+        return self._inputs[length]
+
+    def run(self, length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The padded forward over what :meth:`load` put in (no host read: a CUDA graph's body): the last real
+        token's logits [1, V] and the features of every position [1, length, F]."""
+        target = self.target
+        ids, last = self.inputs(length)
+        slots = target._slots[:length]
+        positions = slots[None]
+        mask = target._masks(positions[:, :, None] >= slots[None, None, :], positions, positions)
+        logits, feats = target._run(ids, positions, positions, mask, slice(0, 1), length, keep=last)
+        return logits[:, -1], feats
+
+    def copy_to(self, cache: RowSlotCache, row: int, count: int) -> None:
+        """Slots ``0 .. count-1`` of the staging row into ``row`` of ``cache`` (every layer, K and V at once)."""
+        cache.kv[:, :, row, :, :count].copy_(self.target.cache.kv[:, :, 0, :, :count])
 
 
 class StaticDrafter:
