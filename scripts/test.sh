@@ -37,9 +37,10 @@ whole=$?
 
 # The engine path is what TensorRT-LLM 1.2.1 users run, on its pinned transformers and numpy; the runtime and
 # drafter core are what every other part is checked against.
-CORE=(tests/test_compat.py tests/test_lossless.py tests/test_drafter.py tests/test_graphed.py tests/test_model_files.py
-      tests/test_verify_fast.py tests/test_streaming.py tests/test_trtllm_convert.py tests/test_trtllm_engine_emulated.py
-      tests/test_trtllm_documented_flow.py tests/test_trtllm_runner.py tests/test_dflash2_golden.py)
+CORE=(tests/test_compat.py tests/test_lossless.py tests/test_drafter.py tests/test_graphed.py tests/test_padded_prefill.py
+      tests/test_model_files.py tests/test_verify_fast.py tests/test_streaming.py tests/test_trtllm_convert.py
+      tests/test_trtllm_engine_emulated.py tests/test_trtllm_documented_flow.py tests/test_trtllm_runner.py
+      tests/test_dflash2_golden.py)
 core=0
 if "$PY" -c "import sys, transformers; sys.exit(transformers.__version__.startswith('4.57.'))"; then
   source scripts/oldest_stack.sh
