@@ -6,7 +6,7 @@ tensors; row r's uniforms drawn from row r's own generator, so its randomness co
 alone). :meth:`GraphedDecoder.admit` prefills a prompt into a free row while the other rows are
 mid-generation (a one-row forward that touches nothing else; on CUDA at the prompt's padded length in a
 staging row, one graph per power-of-two length, ``static_state.PaddedPrefill``, then copied into the row: an eager
-prefill there is ~30-40 ms of launches, paid by every row waiting for it); :meth:`GraphedDecoder.step` runs one
+prefill there is ~25-45 ms of launches, paid by every row waiting for it); :meth:`GraphedDecoder.step` runs one
 step of the admitted rows together; :meth:`GraphedDecoder.release` frees a row at the step boundary,
 and the next request takes it (continuous batching). A step covers the first ``b`` rows, ``b`` the
 smallest batch bucket (1, 2, 4, 8, ..., as nano-vllm and vLLM bucket) that holds every row stepping;

@@ -244,7 +244,7 @@ class PaddedPrefill:
     """A prompt's prefill at a fixed length, into a one-row staging cache: a few CUDA graphs serve every prompt
     length and every row.
 
-    An eager prefill on a GPU is mostly kernel launches (~30-40 ms a prompt for SmolLM2-135M on an H100 or H200,
+    An eager prefill on a GPU is mostly kernel launches (~25-45 ms a prompt for SmolLM2-135M on an H100 or H200,
     whatever its length), paid by every request and, in a server, by every other row, which waits for it. Here
     the prompt is padded on the right to :func:`prefill_length` and run from static buffers (``ids`` and the index
     of the last real token, per length), so one graph per length replays it; its K/V land in slots ``0 .. L-1`` of
