@@ -25,7 +25,8 @@ complete; the server's own first-token time is recorded too), per-request tokens
 over its latency, queueing included), tau. At
 temperature 0 every answer is compared with AR's answer to the same prompt at the same concurrency, and
 each method's answers across concurrencies; in float32/float64 a difference is an error (exit code 1).
-Before the servers start, ``examples/benchmark.py --methods ar default`` decodes the same prompts
+Before the servers start, ``examples/benchmark.py --methods ar default`` (``ar-graph default`` on CUDA: graphed AR,
+what the server's AR runs there) decodes the same prompts
 in-process, alone (what ``examples/run.py`` runs, at the same settings): its speedup is the one the
 server's concurrency 1 is held against (``--no_runpy_reference`` skips it; --url skips it too).
 Writes one JSON file and prints a table. The clients run on the same machine as the server and take
@@ -112,7 +113,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "figures are over all its runs (less run-to-run noise)")
     ap.add_argument("--no_warmup", action="store_true", help="no untimed request before the first level")
     ap.add_argument("--no_runpy_reference", action="store_true",
-                    help="skip the in-process run of run.py's runtime (ar and default) on the same prompts")
+                    help="skip the in-process run of run.py's runtime (AR and default) on the same prompts")
     ap.add_argument("--output_json", type=cli.output_file, default="bench_serve.json")
     args = ap.parse_args(argv)
     for method in args.methods:
@@ -334,24 +335,37 @@ def server_flags(args: argparse.Namespace, method: str) -> list[str]:
     return [*flags, *method_flags(method)]
 
 
+def reference_ar_method(device: str | None) -> str:
+    """run.py's plain decoding on the device the servers run on (``None``: theirs, CUDA when there is one): graphed
+    AR on CUDA, what the server's AR runs there and the benchmark's fastest AR (its eager AR is several times
+    slower); the eager runtime's AR on a CPU, where it is the faster."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return "ar-graph" if str(device).startswith("cuda") else "ar"
+
+
 def runpy_reference(prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
-    """``examples/benchmark.py --methods ar default`` on the same prompts and settings, in its own process, alone on
-    the machine: run.py's tokens/s and speedup, the figures the server at concurrency 1 is compared with."""
+    """``examples/benchmark.py --methods ar default`` (``ar-graph`` on CUDA: :func:`reference_ar_method`) on the same
+    prompts and settings, in its own process, alone on the machine: run.py's tokens/s and speedup, the figures the
+    server at concurrency 1 is compared with."""
     import json
 
     with tempfile.TemporaryDirectory(prefix="bench_serve_runpy.") as tmp:
         dataset = Path(tmp) / "prompts.jsonl"
         dataset.write_text("".join(json.dumps({"prompt": p.text}) + "\n" for p in prompts), encoding="utf-8")
         out = Path(tmp) / "out"
+        ar_method = reference_ar_method(args.device)
         command = [sys.executable, str(ROOT / "examples" / "benchmark.py"), "--dataset", str(dataset),
-                   "--methods", "ar", "default", "--max_output_len", str(args.max_tokens),
+                   "--methods", ar_method, "default", "--max_output_len", str(args.max_tokens),
                    "--temperature", str(args.temperature), "--seed", str(args.seed), "--dtype", args.dtype,
                    "--no_progress", "--output_dir", str(out)]
         for name in ("target_model_dir", "draft_model_dir", "device", "threads"):
             value = getattr(args, name)
             if value is not None:
                 command += [f"--{name}", str(value)]
-        print("run.py's runtime in-process (examples/benchmark.py --methods ar default):", flush=True)
+        print(f"run.py's runtime in-process (examples/benchmark.py --methods {ar_method} default):", flush=True)
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         results_file = out / "results.json"
         if done.returncode not in (0, 1) or not results_file.is_file():  # 1: an output differs from AR (reported)
@@ -359,9 +373,10 @@ def runpy_reference(prompts: list[BenchPrompt], args: argparse.Namespace) -> dic
             raise DFlashError(f"the run.py reference run failed (exit {done.returncode}):\n{tail}")
         results = json.loads(results_file.read_text())
     methods = results["methods"]
-    ar, default = methods["ar"]["tokens_per_second"], methods["default"]["tokens_per_second"]
+    ar, default = methods[ar_method]["tokens_per_second"], methods["default"]["tokens_per_second"]
     reference = {
         "command": " ".join(command[1:]).replace(str(dataset), "<the same prompts>").replace(str(out), "<tmp>"),
+        "ar_method": ar_method,
         "default_resolves_to": methods["default"].get("resolves_to"),
         "ar_tokens_per_second": ar, "default_tokens_per_second": default,
         "speedup": default / ar if ar else None, "tau": methods["default"].get("tau_mean"),

@@ -75,6 +75,7 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
     assert turns == ["ar", "default", "default", "ar"], printed
     # run.py's runtime on the same prompts, in-process: the speedup concurrency 1 is held against.
     reference = report["runpy_reference"]
+    assert reference["ar_method"] == "ar" and "--methods ar default" in reference["command"]  # a CPU's AR
     assert reference["all_outputs_match"] is True and reference["default_resolves_to"]
     assert reference["ar_tokens_per_second"] > 0 and reference["default_tokens_per_second"] > 0
     one = report["results"]["default"]["levels"]["1"]["summary"]
@@ -176,3 +177,14 @@ def test_method_flags(bench):
     assert bench.method_flags("auto-in-step") == ["--size_choice", "in_step"]
     with pytest.raises(DFlashInputError, match="auto-in-step"):
         bench.method_flags("auto-later")
+
+
+def test_the_runpy_reference_decodes_plain_ar_as_the_servers_device_runs_it(bench, monkeypatch):
+    """On CUDA the server's AR is the graphed runtime's, and so is the AR run.py's speedup is measured against there
+    (the eager runtime's AR is several times slower on a GPU); on a CPU, the eager runtime's AR (the faster there)."""
+    assert bench.reference_ar_method("cuda") == "ar-graph" and bench.reference_ar_method("cuda:1") == "ar-graph"
+    assert bench.reference_ar_method("cpu") == "ar"
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert bench.reference_ar_method(None) == "ar-graph"  # the servers' own default device
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert bench.reference_ar_method(None) == "ar"
