@@ -162,3 +162,19 @@ def test_prepare_captures_a_prefill_graph_per_length_and_admissions_replay_them(
                 decoder.release(row)
     for row, prompt in enumerate(prompts):
         assert tokens[row][:12] == hf_greedy(model, prompt, 12), row
+
+
+@pytest.mark.parametrize("length", [129, 240])
+def test_a_long_prompt_grows_the_state_and_the_staging_row(length):
+    """A prompt past the capacity grows the decoder (its rows kept) and the staging prefill (rebuilt at the larger
+    padded length); a prompt near the target's positions pads up to them at most."""
+    model = tiny_target("qwen3", seed=11, max_positions=256)
+    drafter = tiny_drafter(model, block_size=4, seed=5)
+    decoder = _decoder(model, drafter, 3, padded=True, capacity=CAPACITY_STEP // 2)
+    short = _prompt(10, 1)
+    assert decoder.generate(short, 8).output_ids == hf_greedy(model, short, 8)
+    assert decoder._prefill.capacity == 32
+    prompt = _prompt(length, 2)
+    new = min(12, decoder.max_model_len - length)
+    assert decoder.generate(prompt, new).output_ids == hf_greedy(model, prompt, new)
+    assert decoder._prefill.capacity == prefill_length(length, decoder.max_capacity) >= length
