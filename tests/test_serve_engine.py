@@ -333,3 +333,48 @@ def test_a_failing_model_build_is_raised_to_the_caller(monkeypatch):
     monkeypatch.setattr(serve_main, "build_server", build)
     with pytest.raises(DFlashInputError, match="--draft_model_dir"):
         serve_main.start_model_thread(argparse.Namespace())
+
+
+class HandOverRunner(ScriptedRunner):
+    """A scripted runner that prefills in ``admit``: the first token of each new row is handed over by
+    ``take_admitted`` (the engine asks for it after admitting), the rest by the steps."""
+
+    def __init__(self, max_batch: int) -> None:
+        super().__init__(max_batch)
+        self.pending: dict[int, RowStep] = {}
+        self.handed_over = 0
+
+    def admit(self, slot: int, row: RowRequest) -> None:
+        super().admit(slot, row)
+        tokens = self.rows[slot][1]
+        self.pending[slot] = RowStep([tokens.pop(0)], tree_size=0)
+
+    def take_admitted(self) -> dict[int, RowStep]:
+        taken, self.pending = self.pending, {}
+        self.handed_over += len(taken)
+        return taken
+
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        self.pending.pop(slot, None)
+
+
+def test_a_new_request_takes_its_first_token_before_the_next_step(started):
+    """With a runner that hands prefill tokens over (``take_admitted``), a request's first token is the engine's
+    before the batch steps again (the steps are held at a gate here; the text waits for the end of its word, as
+    ever), and both answers are whole; a one-token request is answered at its admission."""
+    runner = HandOverRunner(max_batch=3)
+    runner.gate = threading.Event()  # no step runs until the test opens it
+    engine = started(runner)
+    events = Collector()
+    engine.submit(request("first", 8), events.on("first"))
+    engine.submit(request("one", 1), events.on("one"))
+    events.wait(["one"])  # answered with the gate shut
+    assert runner.live_per_step == []  # no step has run: the tokens came from the hand-over
+    assert engine.metrics.value("generation_tokens_total") == 2  # "first"'s first token too
+    assert isinstance(events.final("one"), Finished) and events.text("one") == TOKENIZER.decode(
+        continuation(request("one").prompt_ids, 1))
+    runner.gate.set()
+    events.wait(["first"])
+    assert events.text("first") == TOKENIZER.decode(continuation(request("first").prompt_ids, 8))
+    assert runner.handed_over == 2 and sorted(runner.released) == [0, 1]

@@ -296,3 +296,36 @@ def test_chunks_concatenate_to_the_decoded_text():
         chunks, output = _chunks(tokenizer, _request(max_tokens=len(ids), stop=("dx", "Caf!")), ids, rng)
         assert output.finish_reason == "length"
         assert "".join(chunks) == tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_admitted_rows_hand_their_first_token_over_at_once_and_decode_in_the_next_step(models):
+    """``take_admitted``: a row admitted while another runs hands its prefill token over at once, and the very next
+    step decodes it (it does not sit one step out); its tokens are still its solo greedy output, the running row's
+    too, and a row released right after its hand-over never steps."""
+    runner = graphed_rows(models.spec(4), 3)
+    prompts = [models.encode(text) for text in ("def add(a, b):", "the answer is", "ab")]
+    runner.admit(0, RowRequest(prompts[0], 30, SamplingParams()))
+    first = runner.take_admitted()
+    assert set(first) == {0} and runner.take_admitted() == {}  # handed over once
+    got = {0: list(first[0].tokens), 1: []}
+    for _ in range(3):
+        got[0] += runner.step()[0].tokens
+    runner.admit(1, RowRequest(prompts[1], 20, SamplingParams()))
+    runner.admit(2, RowRequest(prompts[2], 5, SamplingParams()))
+    taken = runner.take_admitted()
+    assert set(taken) == {1, 2} and all(step.is_prefill and len(step.tokens) == 1 for step in taken.values())
+    got[1] += taken[1].tokens
+    runner.release(2)
+    out = runner.step()
+    assert set(out) == {0, 1} and not out[1].is_prefill and out[1].tree_size >= 1  # slot 1 decodes at once
+    while True:
+        for slot, result in out.items():
+            got[slot] += result.tokens
+        for slot, n in ((0, 30), (1, 20)):
+            if slot in runner._row_of and len(got[slot]) >= n:
+                runner.release(slot)
+        if not runner._row_of:
+            break
+        out = runner.step()
+    assert got[0][:30] == models.solo_ids(prompts[0], 30)
+    assert got[1][:20] == models.solo_ids(prompts[1], 20)

@@ -230,6 +230,8 @@ class Engine:
                 self._release_cancelled_rows()
                 for slot, entry in zip(free, admitting):
                     self._admit(slot, entry)
+                if admitting:
+                    self._hand_over_admitted()
                 with self._cond:
                     self._running_count = len(self._rows)
                 if self._rows:
@@ -298,6 +300,22 @@ class Engine:
             return
         self._rows[slot] = _Active(entry, slot, RowOutput(self.tokenizer, request), time.perf_counter())
         self.metrics.inc("prompt_tokens_total", len(request.prompt_ids))
+
+    def _hand_over_admitted(self) -> None:
+        """The new rows' first tokens now, from a runner that has them (``take_admitted``), not after the next step
+        of the whole batch (``BatchRunner``)."""
+        take = getattr(self.runner, "take_admitted", None)
+        if take is None:
+            return
+        try:
+            taken = take()
+        except Exception:  # noqa: BLE001 - the next step reports them, or fails the rows it cannot run
+            log.error("runner.take_admitted() failed:\n%s", traceback.format_exc())
+            return
+        for slot, step in taken.items():
+            active = self._rows.get(slot)
+            if active is not None and step.tokens:
+                self._advance(active, step)
 
     def _fail(self, entry: _Request, status: int, message: str, slot: int | None = None) -> None:
         if slot is not None:

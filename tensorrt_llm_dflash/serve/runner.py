@@ -9,9 +9,9 @@ serves (issue 37 item 5, ``--backend trt``).
 :class:`GraphedRunner` is one :class:`~tensorrt_llm_dflash.graphed.GraphedDecoder` of ``max_batch``
 rows: every step is one forward pass of the target over every row's tree (one CUDA graph per batch
 bucket and tree size on CUDA). A request is prefilled into a free decoder row when it is admitted
-(the other rows are not touched), its first token is reported by the next ``step()``, and from the
-step after that it decodes with the others; a released row is inert padding until the next
-admission. At batch 1 it is step for step ``GraphedDecoder.generate`` (tested:
+(the other rows are not touched); its first token is handed over at once (``take_admitted``, which the
+engine asks for) or else reported by the next ``step()``, and from the first ``step()`` after that it decodes with
+the others; a released row is inert padding until the next admission. At batch 1 it is step for step ``GraphedDecoder.generate`` (tested:
 ``tests/test_serve_runner.py``).
 """
 
@@ -73,6 +73,12 @@ class BatchRunner(Protocol):
       alone).
     * ``release(slot)``: the row is finished or its client is gone; the slot may be admitted again.
       Releasing a free slot is a no-op.
+
+    Optional: ``take_admitted()`` (a runner that prefills in ``admit``): ``{slot: RowStep}`` of the prefill tokens
+    not reported yet, handed over now instead of by the next ``step()``, whose rows then decode in that step
+    already. The engine asks for them after each round of admissions, so a new request's first token does not wait
+    for a step of the whole batch, nor its second for one more. A runner without it (or a wrapper that does not
+    pass it on) reports them with ``step()`` as above: nothing is lost either way.
     """
 
     #: Rows (slots) the runner decodes together.
@@ -181,7 +187,7 @@ class GraphedRunner:
         self.vocab_size = int(spec.model.config.vocab_size)
         self.description = describe_decoder(spec.budget, spec.drafter is not None, spec.lookup)
         self._row_of: dict[int, int] = {}  # engine slot -> decoder row
-        self._pending: dict[int, RowStep] = {}  # slot -> its prefill's token, reported by the next step()
+        self._pending: dict[int, RowStep] = {}  # slot -> its prefill's token, not reported yet
 
     def _locate(self, slot: int) -> None:
         if not 0 <= slot < self.max_batch:
@@ -200,6 +206,11 @@ class GraphedRunner:
         first = self.decoder.admit(decoder_row, row.prompt_ids, row.max_new_tokens, row.sampling, generator)
         self._row_of[slot] = decoder_row
         self._pending[slot] = RowStep([first], tree_size=0)
+
+    def take_admitted(self) -> dict[int, RowStep]:
+        """The prefill tokens not reported yet, now; their rows decode in the next ``step()`` already."""
+        taken, self._pending = self._pending, {}
+        return taken
 
     def step(self) -> dict[int, RowStep]:
         # Never a draining batch (``GraphedDecoder.step``): a server cannot tell the last requests of a burst from
