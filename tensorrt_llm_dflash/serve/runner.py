@@ -11,8 +11,8 @@ rows: every step is one forward pass of the target over every row's tree (one CU
 bucket and tree size on CUDA). A request is prefilled into a free decoder row when it is admitted
 (the other rows are not touched); its first token is handed over at once (``take_admitted``, which the
 engine asks for) or else reported by the next ``step()``, and from the first ``step()`` after that it decodes with
-the others; a released row is inert padding until the next admission. At batch 1 it is step for step ``GraphedDecoder.generate`` (tested:
-``tests/test_serve_runner.py``).
+the others; a released row is inert padding until the next admission. At batch 1 it is step for step
+``GraphedDecoder.generate`` (tested: ``tests/test_serve_runner.py``).
 """
 
 from __future__ import annotations
