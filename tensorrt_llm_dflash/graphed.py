@@ -945,9 +945,10 @@ class GraphedDecoder:
         if sampling is not None:
             self.sampling = sampling
         if self.use_graphs and self.padded_prefill:
+            lengths = self.prefill_lengths()
             with torch.inference_mode():
-                self._prefill_for(max(self.prefill_lengths()))
-                for length in self.prefill_lengths():
+                self._prefill_for(lengths[-1])  # the staging row at its largest first: one build, no re-captures
+                for length in lengths:
                     self._prefill_graph(length)
         kind = sampling_kind([self.sampling])
         for bucket in buckets or self.batch_buckets:

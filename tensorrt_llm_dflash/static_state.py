@@ -191,9 +191,11 @@ class StaticTarget:
         return out.logits, feats
 
     @torch.inference_mode()
-    def prefill(self, prompt: torch.Tensor, row: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prefill(self, prompt: torch.Tensor, row: int | None = None, last: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Prompt ids [b, P] (rows of equal length) at slots 0..P-1 of rows ``0..b-1``, or [1, P] into row ``row``
-        alone (the other rows are not touched): last logits [b, V], features [b, P, F]."""
+        alone (the other rows are not touched): last logits [b, V], features [b, P, F]. ``last`` (a device index [1],
+        no host read): the position whose logits are returned, for a prompt padded after it (``PaddedPrefill``)."""
         batch, length = prompt.shape
         if length > self.capacity:
             raise DFlashInputError(f"prompt length {length} exceeds the cache capacity {self.capacity}")
@@ -203,7 +205,7 @@ class StaticTarget:
         positions = slots[None].expand(batch, -1)
         allowed = positions[:, :, None] >= slots[None, None, :]  # causal
         mask = self._masks(allowed, positions, positions)
-        logits, feats = self._run(prompt, positions, positions, mask, rows, length, last_only=True)
+        logits, feats = self._run(prompt, positions, positions, mask, rows, length, last_only=True, keep=last)
         return logits[:, -1], feats
 
     @torch.inference_mode()
@@ -282,13 +284,8 @@ class PaddedPrefill:
     def run(self, length: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The padded forward over what :meth:`load` put in (no host read: a CUDA graph's body): the last real
         token's logits [1, V] and the features of every position [1, length, F]."""
-        target = self.target
         ids, last = self.inputs(length)
-        slots = target._slots[:length]
-        positions = slots[None]
-        mask = target._masks(positions[:, :, None] >= slots[None, None, :], positions, positions)
-        logits, feats = target._run(ids, positions, positions, mask, slice(0, 1), length, keep=last)
-        return logits[:, -1], feats
+        return self.target.prefill(ids, last=last)
 
     def copy_to(self, cache: RowSlotCache, row: int, count: int) -> None:
         """Slots ``0 .. count-1`` of the staging row into ``row`` of ``cache`` (every layer, K and V at once)."""
