@@ -378,3 +378,33 @@ def test_a_new_request_takes_its_first_token_before_the_next_step(started):
     events.wait(["first"])
     assert events.text("first") == TOKENIZER.decode(continuation(request("first").prompt_ids, 8))
     assert runner.handed_over == 2 and sorted(runner.released) == [0, 1]
+
+
+def test_a_failing_hand_over_fails_the_new_requests_only(started):
+    """A runner whose ``take_admitted`` raises may have lost the new rows' first tokens: those requests get a 500
+    (never an answer missing its first token), the request already running is answered whole, and later ones are
+    served."""
+    runner = HandOverRunner(max_batch=3)
+    runner.gate = threading.Event()
+    engine = started(runner)
+    events = Collector()
+    engine.submit(request("running", 10), events.on("running"))
+    time.sleep(0.05)  # admitted and handed over; its first step waits at the gate
+    real_take = runner.take_admitted
+
+    def broken() -> dict:
+        runner.take_admitted = real_take
+        raise RuntimeError("device lost")
+
+    runner.take_admitted = broken
+    engine.submit(request("new", 6), events.on("new"))
+    runner.gate.set()
+    events.wait(["new"])
+    engine.submit(request("later", 5), events.on("later"))
+    events.wait(["running", "later"])
+    failed = events.final("new")
+    assert isinstance(failed, Failed) and failed.status == 500 and "could not be started" in failed.message
+    assert not any(isinstance(e, TextDelta) for e in events.events["new"])
+    for name, n in (("running", 10), ("later", 5)):
+        assert isinstance(events.final(name), Finished)
+        assert events.text(name) == TOKENIZER.decode(continuation(request(name).prompt_ids, n))

@@ -231,7 +231,7 @@ class Engine:
                 for slot, entry in zip(free, admitting):
                     self._admit(slot, entry)
                 if admitting:
-                    self._hand_over_admitted()
+                    self._hand_over_admitted(free[: len(admitting)])
                 with self._cond:
                     self._running_count = len(self._rows)
                 if self._rows:
@@ -301,16 +301,23 @@ class Engine:
         self._rows[slot] = _Active(entry, slot, RowOutput(self.tokenizer, request), time.perf_counter())
         self.metrics.inc("prompt_tokens_total", len(request.prompt_ids))
 
-    def _hand_over_admitted(self) -> None:
-        """The new rows' first tokens now, from a runner that has them (``take_admitted``), not after the next step
-        of the whole batch (``BatchRunner``)."""
+    def _hand_over_admitted(self, slots: list[int]) -> None:
+        """The first tokens of the rows just admitted into ``slots``, now, from a runner that has them
+        (``take_admitted``), not after the next step of the whole batch (``BatchRunner``)."""
         take = getattr(self.runner, "take_admitted", None)
         if take is None:
             return
         try:
             taken = take()
-        except Exception:  # noqa: BLE001 - the next step reports them, or fails the rows it cannot run
+        except Exception as err:  # noqa: BLE001 - their first tokens may be gone: fail those requests, not the rest
             log.error("runner.take_admitted() failed:\n%s", traceback.format_exc())
+            for slot in slots:
+                if slot in self._rows:
+                    active = self._rows[slot]
+                    self._retire(slot)
+                    self.metrics.inc("requests_failed_total")
+                    self._deliver(active.entry, Failed(500, f"the request could not be started: "
+                                                            f"{type(err).__name__}: {err}"))
             return
         for slot, step in taken.items():
             active = self._rows.get(slot)
