@@ -67,11 +67,14 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from tensorrt_llm_dflash import fused_tree, kernels  # noqa: E402
 from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR  # noqa: E402
 from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids  # noqa: E402
 from tensorrt_llm_dflash.decode import GenerationResult, speculative_generate  # noqa: E402
 from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS  # noqa: E402
+from tensorrt_llm_dflash.device_tree import build_ddtree_device  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter, save_dflash_drafter  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashInputError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
 from tensorrt_llm_dflash.graphed import CAPACITY_STEP, STEP_STAGES, GraphedDecoder  # noqa: E402
 from tensorrt_llm_dflash.proposer import DFlashProposer  # noqa: E402
@@ -719,9 +722,9 @@ def check_shipped_drafter(report: Report, device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------ plugins
 
 
-def check_plugins(report: Report, device: torch.device, mode: str, work: Path) -> None:
+def check_plugins(report: Report, device: torch.device, mode: str, work: Path) -> Path | None:
     """Build the plugin library for this GPU with cmake, run its CUDA kernels on the GPU against the Python reference,
-    then the plugin tests against the fresh build."""
+    then the plugin tests against the fresh build. Returns the CUDA library's path (None when none was built)."""
     build = work / "plugins-build"
     library: Path | None = None
     with report.check("plugins/cmake") as c:
@@ -761,6 +764,141 @@ def check_plugins(report: Report, device: torch.device, mode: str, work: Path) -
         if done.returncode != 0:
             c.figures["output_tail"] = "\n".join(tail[-40:])
             raise RuntimeError(f"pytest exited {done.returncode}: {c.figures['result']}")
+    return library
+
+
+# ------------------------------------------------------------------------------------------------ fused tree build
+
+
+@contextlib.contextmanager
+def fused_tree_mode(value: str) -> Iterator[None]:
+    """``DFLASH_FUSED_TREE`` set to ``value`` for a while (read whenever a tree is built: at capture on CUDA)."""
+    saved = os.environ.get(fused_tree.FUSED_TREE_ENV)
+    os.environ[fused_tree.FUSED_TREE_ENV] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(fused_tree.FUSED_TREE_ENV, None)
+        else:
+            os.environ[fused_tree.FUSED_TREE_ENV] = saved
+
+
+def random_marginals(rng: np.random.Generator, batch: int, depth: int, k: int, device: torch.device,
+                     ties: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DDTree inputs: log-probabilities [batch, depth, k] sorted per depth (exact ties if ``ties``), tokens, roots."""
+    if ties:
+        lp = rng.choice(np.array([0.0, -0.5, -1.0, -2.0]), size=(batch, depth, k))
+    else:
+        lp = np.log(rng.dirichlet(np.full(k, 0.3), size=(batch, depth)) + 1e-300)
+    lp = -np.sort(-lp, axis=-1)
+    return (torch.tensor(lp, dtype=torch.float32, device=device),
+            torch.tensor(rng.integers(0, 49152, size=(batch, depth, k)), device=device),
+            torch.arange(batch, device=device))
+
+
+def time_build(build: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """ms per call: replayed from a CUDA graph on CUDA (as the graphed runtime runs it), eager on a CPU."""
+    build()
+    if device.type == "cuda":
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            build()  # warm-up on a side stream, as torch's capture recipe asks
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            build()
+        run = graph.replay
+    else:
+        run = build
+    run()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    sync(device)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def check_fused_tree(report: Report, device: torch.device, args: argparse.Namespace, cuda_library: Path | None,
+                     work: Path) -> None:
+    """The fused DDTree build (``fused_tree``: the plugin library's one launch) on this device: bit for bit the tensor
+    ops' tree on random marginals (ties, -inf, depth limits; batches of 1 to 16; budgets to 255), both timed at the
+    cost-aware pool's shape (63 nodes, 15 depths: in a CUDA graph on CUDA), and the default decoder with it decoding
+    the same tokens, acceptance lengths and tree sizes as with the tensor ops, its tree-build stage timed both ways.
+    On CUDA it needs the library ``plugins/cmake`` built; on a CPU the CPU library (skipped where neither is, and with
+    ``--plugins off``)."""
+    where: str | None = None
+    with report.check("fused-tree/equal") as c:
+        if args.plugins == "off":
+            raise Skip("--plugins off")
+        if device.type == "cuda":
+            if cuda_library is None:
+                raise Skip("no CUDA plugin library was built (plugins/cmake)")
+            os.environ[kernels.LIBRARY_ENV_VAR] = str(cuda_library.parent)
+            fused_tree._cuda_library, fused_tree._cuda_searched = None, False  # look again, at the fresh build
+        with fused_tree_mode("on"):
+            try:
+                where = fused_tree.backend(device)
+            except DFlashInputError as err:
+                raise (RuntimeError(str(err)) if device.type == "cuda" else Skip(str(err))) from None
+        rng = np.random.default_rng(0)
+        trees = nodes = 0
+        for turn in range(48):
+            batch = (1, 4, 16)[turn % 3]
+            depth, k = int(rng.integers(1, 17)), int(rng.integers(1, 81))
+            budget = (1, 7, 31, 63, 127, 255)[turn % 6]
+            lp, tokens, roots = random_marginals(rng, batch, depth, k, device, ties=turn % 4 == 0)
+            if turn % 5 == 0:
+                lp[:, :, int(rng.integers(1, k + 1)):] = float("-inf")  # a reduced draft vocabulary
+            limit = torch.tensor(rng.integers(0, depth + 2, size=batch), device=device) if turn % 2 else None
+            fused = fused_tree.build_ddtree_fused(roots, lp, tokens, budget, limit, where=where)
+            ops = build_ddtree_device(roots, lp, tokens, budget, limit, fused=False)
+            for name in ("tokens", "parents", "depths", "valid", "num_nodes", "scores"):
+                if not torch.equal(getattr(fused, name), getattr(ops, name)):
+                    raise Mismatch(f"fused DDTree build: {name} differs from the tensor ops (turn {turn}, batch "
+                                   f"{batch}, depth {depth}, k {k}, budget {budget})")
+            trees += batch
+            nodes += int(ops.num_nodes.sum())
+        c.figures.update(backend=where, trees=trees, nodes=nodes)
+    with report.check("fused-tree/ms") as c:
+        if where is None:
+            raise Skip("the fused build does not run here")
+        repeats = 20 if args.tiny else 200
+        for batch in (1, 16):
+            lp, tokens, roots = random_marginals(np.random.default_rng(batch), batch, 15, 63, device)
+            for name, fused in (("fused", True), ("ops", False)):
+                with fused_tree_mode("on"):
+                    c.figures[f"{name}_ms@{batch}"] = time_build(
+                        lambda f=fused, r=roots, v=lp, t=tokens: build_ddtree_device(r, v, t, 63, fused=f), device,
+                        repeats)
+    with report.check("fused-tree/decoder") as c:
+        if where is None:
+            raise Skip("the fused build does not run here")
+        shape = shapes(args.tiny)[0]
+        model = build_target(shape, torch.float32, device)
+        drafter_dir = shape.drafter_dir or random_drafter_dir(model, shape.drafter_block, work / "fused-drafter")
+        drafter = load_dflash_drafter(drafter_dir, dtype=torch.float32, device=device)
+        prompt = make_prompt(args.prompt_len, int(model.config.vocab_size), seed=1)
+        buckets = TINY_BUCKETS if args.tiny else POLICY_BUCKETS
+        results, costs = {}, None
+        for mode in ("off", "on"):
+            with fused_tree_mode(mode):
+                # The same step costs for both (the first's, as timed): the sizes must not follow the build's speed.
+                decoder = graphed_decoder(model, drafter, budget=None, policy_buckets=buckets, refine_costs=False,
+                                          policy_costs=costs)
+                decoder.reserve(len(prompt), args.max_new_tokens)
+                decoder.prepare()
+                costs = costs or decoder.step_costs("greedy", 1)
+                results[mode] = [decoder.generate(prompt, args.max_new_tokens) for _ in range(2)]
+                c.figures[f"tree_build_ms_{mode}"] = decoder.time_stages(max(buckets), max(args.repeats, 3))["tree_build"]
+                c.figures[f"tok_per_s_{mode}"] = tok_per_s(results[mode][1])
+        for i in range(2):
+            compare(results["on"][i], results["off"][i], f"tensor_ops_{i}", True, c.figures, sizes=True)
+        del model, drafter, decoder
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def run_plugin_kernels(library: Path, device: torch.device, trees: int = 64) -> dict[str, Any]:
@@ -898,7 +1036,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for dtype_name in args.dtypes:
                 run_target(report, shape, getattr(torch, dtype_name), device, args, Path(scratch))
-        check_plugins(report, device, args.plugins, Path(scratch))
+        cuda_library = check_plugins(report, device, args.plugins, Path(scratch))
+        check_fused_tree(report, device, args, cuda_library, Path(scratch))
     report.write()
     failed = report.failed()
     skipped = sum(c.status == "skip" for c in report.checks)

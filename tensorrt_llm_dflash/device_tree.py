@@ -46,6 +46,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import fused_tree
+from .errors import DFlashInputError
 from .tree import DraftTree, _finish
 
 
@@ -84,13 +86,23 @@ def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_ddtree_device(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int,
-                        max_depth: torch.Tensor | None = None) -> DeviceTree:
+                        max_depth: torch.Tensor | None = None, *, fused: bool | None = None) -> DeviceTree:
     """Best-first DDTree of ``budget`` draft nodes per row, as ``tree.build_ddtree`` builds it.
 
     ``root`` int64 [B]; ``topk_logprobs`` [B, D, K] (float32 or float64, rows sorted non-increasing;
     -inf entries are never nodes); ``topk_tokens`` int64 [B, D, K]; ``budget`` a static int;
     ``max_depth`` int64 [B] (nodes deeper than it are not built) or None. Returns ``budget + 1`` columns.
+
+    ``fused``: the plugin library's one-call build (:mod:`.fused_tree`, the same tree bit for bit) where
+    ``DFLASH_FUSED_TREE`` and the built libraries allow it (None), required (True), or the tensor ops below (False).
     """
+    if fused is not False and int(budget) <= fused_tree.MAX_BUDGET:
+        where = fused_tree.backend(root.device)
+        if where is not None:
+            return fused_tree.build_ddtree_fused(root, topk_logprobs, topk_tokens, budget, max_depth, where=where)
+    if fused:
+        raise DFlashInputError(f"the fused DDTree build does not run on {root.device} with budget {budget} here "
+                               f"({fused_tree.FUSED_TREE_ENV}={fused_tree.mode()}, at most {fused_tree.MAX_BUDGET})")
     size = int(budget) + 1
     batch, depth_limit, k = topk_logprobs.shape
     if budget <= 0 or depth_limit == 0 or k == 0:

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 LIBRARY_NAME = "libdflash_plugins_cpu.so"
 LIBRARY_ENV_VAR = "DFLASH_PLUGIN_LIB"
 #: Must match kAbiVersion in plugins/src/cpu/dflash_cpu.cpp.
-ABI_VERSION = 2
+ABI_VERSION = 3
 REPO_BUILD_DIR = Path(__file__).resolve().parent.parent / "plugins" / "build"
 
 # Status codes of plugins/include/dflash/common.h (part of the ABI).
@@ -58,6 +58,7 @@ ERR_TOKENS_PER_BLOCK = 15
 ERR_POOL_MAPPING = 16
 ERR_BLOCK_OFFSET = 17
 ERR_CUDA = 18
+ERR_DDTREE_SHAPE = 19
 
 
 class PluginLibraryNotFound(FileNotFoundError):
@@ -100,6 +101,8 @@ _SIGNATURES = {
         _i32,
         [ctypes.c_void_p, _i64, _i64, _i64, _i32, _I32P, _i32, _DETAILP],
     ),
+    "dflash_max_ddtree_budget": (_i32, []),
+    "dflash_ddtree_build_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 4 + [ctypes.c_void_p] * 6 + [_DETAILP]),
     "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _i32, _I32P, _I32P, _I32P]),
     "dflash_emulate_kv_compact_linear_kernel": (
         _i32,
@@ -259,6 +262,10 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
             "(or that pool's pointer is null)"
         ),
         ERR_CUDA: f"a CUDA call failed with cudaError_t {value}",
+        ERR_DDTREE_SHAPE: (
+            f"{('budget', 'depth', 'k')[index] if 0 <= index < 3 else 'shape'}={value} is out of range for the fused "
+            f"DDTree build (budget 0..{context.get('max_budget', '?')}, depth and k >= 0)"
+        ),
     }
     message = messages.get(code)
     if message is None:

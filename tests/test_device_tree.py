@@ -12,6 +12,10 @@
   equals the target's choice.
 * Build, visibility and walk run under NoHostSync with fixed output shapes (tests/test_nosync.py
   shows the guard catches each kind of host read).
+
+The build is checked both ways: the tensor ops (``fused=False``) and the plugin library's fused build
+(``fused=True``, :mod:`tensorrt_llm_dflash.fused_tree`; the CPU library runs the CUDA kernel's body),
+each against the reference, so the two equal each other too.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from tensorrt_llm_dflash import fused_tree
 from tensorrt_llm_dflash.device_tree import (
     DeviceTree,
     build_chain_device,
@@ -105,8 +110,23 @@ def assert_same_tree(device_tree: DeviceTree, row: int, expected: DraftTree) -> 
     assert int(device_tree.num_nodes[row]) == n and device_tree.scores[row, 0] == 0.0
 
 
+BUILDS = [pytest.param(False, id="ops"), pytest.param(True, id="fused")]
+
+
+@pytest.fixture(params=BUILDS)
+def fused(request, monkeypatch) -> bool:
+    """Each build in turn, ``DFLASH_FUSED_TREE`` unset; the fused one with the CPU plugin library built (cmake;
+    skipped without it, as the plugin tests are). ``fused=True`` raises where the fused build cannot run."""
+    monkeypatch.delenv(fused_tree.FUSED_TREE_ENV, raising=False)
+    if request.param:
+        from test_plugin_support import load_cpu_library
+
+        load_cpu_library()
+    return request.param
+
+
 @pytest.mark.parametrize("chunk", range(6))
-def test_device_ddtree_equals_the_reference_node_for_node(chunk):
+def test_device_ddtree_equals_the_reference_node_for_node(chunk, fused):
     rng = np.random.default_rng(1000 + chunk)
     case = chunk * 1000
     sets_checked = 0
@@ -125,7 +145,7 @@ def test_device_ddtree_equals_the_reference_node_for_node(chunk):
         values = torch.tensor(lp, dtype=dtype)
         exact = values.to(torch.float64).numpy()
         tree = build_ddtree_device(torch.tensor(roots), values, torch.tensor(tokens), budget,
-                                   torch.tensor(max_depths))
+                                   torch.tensor(max_depths), fused=fused)
         assert tree.size == budget + 1 and tree.tokens.shape == (rows, budget + 1)
         for b in range(rows):
             assert_same_tree(tree, b, reference(int(roots[b]), exact[b], tokens[b], budget, int(max_depths[b])))
@@ -135,13 +155,14 @@ def test_device_ddtree_equals_the_reference_node_for_node(chunk):
     assert REQUIRED_BUDGETS <= budgets_seen
 
 
-def test_exact_ties_across_depths_follow_the_rank_tuple():
+def test_exact_ties_across_depths_follow_the_rank_tuple(fused):
     """Every log-probability 0 or -1: whole levels tie, so only the tie rule decides the order."""
     lp = np.array([[0.0, -1.0, -1.0], [0.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
     tokens = np.arange(9).reshape(3, 3) + 100
     for budget in range(1, 20):
         expected = build_ddtree(5, lp, tokens, budget)
-        tree = build_ddtree_device(torch.tensor([5]), torch.tensor(lp)[None], torch.tensor(tokens)[None], budget)
+        tree = build_ddtree_device(torch.tensor([5]), torch.tensor(lp)[None], torch.tensor(tokens)[None], budget,
+                                   fused=fused)
         assert_same_tree(tree, 0, expected)
     # (0,) and (0, 0) score 0; then (1,), (0, 1) and (0, 0, r) for every r all score -1, across three depths:
     # the lexicographic rule (a prefix first) takes (0, 0, 0), (0, 0, 1), (0, 0, 2) before (0, 1) and (1,).
@@ -149,7 +170,7 @@ def test_exact_ties_across_depths_follow_the_rank_tuple():
     assert build_ddtree(5, lp, tokens, 7).tokens.tolist() == [5, 100, 103, 106, 107, 108, 104, 105]
 
 
-def test_chain_and_padding():
+def test_chain_and_padding(fused):
     draft = torch.tensor([[7, 8, 9, 10], [1, 2, 3, 4]])
     chain = build_chain_device(torch.tensor([5, 6]), draft, torch.tensor([4, 2]), size=8)
     assert chain.tokens.tolist() == [[5, 7, 8, 9, 10, -1, -1, -1], [6, 1, 2, -1, -1, -1, -1, -1]]
@@ -162,8 +183,10 @@ def test_chain_and_padding():
     assert_same_tree(padded, 1, build_chain(6, [1, 2]))
     with pytest.raises(ValueError):
         pad_tree(chain, 4)
-    root_only = build_ddtree_device(torch.tensor([3]), torch.zeros(1, 0, 0), torch.zeros(1, 0, 0, dtype=torch.long), 4)
+    root_only = build_ddtree_device(torch.tensor([3]), torch.zeros(1, 0, 0), torch.zeros(1, 0, 0, dtype=torch.long), 4,
+                                    fused=fused)
     assert root_only.tokens.tolist() == [[3, -1, -1, -1, -1]] and root_only.num_nodes.tolist() == [1]
+    assert root_only.parents.tolist() == [[-1, 0, 0, 0, 0]] and root_only.valid.tolist() == [[True] + [False] * 4]
 
 
 def _deep_choices(rng: np.random.Generator, tree: DraftTree, size: int) -> np.ndarray:
@@ -234,7 +257,7 @@ def test_visibility_and_walk_equal_the_reference():
     assert long_paths >= 100  # the choices do follow real paths, deep ones included
 
 
-def test_path_sum_scores_decide_a_last_ulp_tie():
+def test_path_sum_scores_decide_a_last_ulp_tie(fused):
     """Depth-1 rank 1 scores lp[0][1] = p + b, exactly the path sum of (0, 1) = p + b: a tie, which the rank
     tuple gives to (0, 1). The reference's incremental sibling score ((p + a) - a) + b rounds to one ulp less,
     which would put (1,) first; build_ddtree and the device build both use the path sum."""
@@ -245,7 +268,8 @@ def test_path_sum_scores_decide_a_last_ulp_tie():
     assert build_ddtree(5, lp, tokens, 3).tokens.tolist() == [5, 10, 20, 21]
     assert build_ddtree(5, lp, tokens, 4).tokens.tolist() == [5, 10, 20, 21, 11]
     for budget in (3, 4, 6):
-        tree = build_ddtree_device(torch.tensor([5]), torch.tensor(lp)[None], torch.tensor(tokens)[None], budget)
+        tree = build_ddtree_device(torch.tensor([5]), torch.tensor(lp)[None], torch.tensor(tokens)[None], budget,
+                                   fused=fused)
         assert_same_tree(tree, 0, build_ddtree(5, lp, tokens, budget))
 
 
@@ -292,7 +316,7 @@ def test_the_walk_takes_the_first_of_two_matching_siblings():
 # ----------------------------------------------------------------------------- host syncs
 
 
-def test_build_visibility_and_walk_read_nothing_on_the_host():
+def test_build_visibility_and_walk_read_nothing_on_the_host(fused):
     """Under NoHostSync (no host read, no data-dependent shape) and with the static output shapes."""
     rng = np.random.default_rng(5)
     for turn in range(40):
@@ -304,7 +328,7 @@ def test_build_visibility_and_walk_read_nothing_on_the_host():
                                             torch.tensor(max_depths))
         choices = torch.tensor(rng.integers(0, 50_000, size=(rows, budget + 1)))
         with NoHostSync():
-            tree = build_ddtree_device(roots, values.float(), token_ids, budget, limits)
+            tree = build_ddtree_device(roots, values.float(), token_ids, budget, limits, fused=fused)
             vis = visibility_device(tree)
             vis_bounded = visibility_device(tree, depth)
             path, length, bonus = walk_device(tree, choices, depth + 1)

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from test_plugin_support import load_cpu_library
 
 from tensorrt_llm_dflash.decode import GenerationResult, GenerationStats
 
@@ -38,6 +39,7 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
     """The default run at tiny sizes: both targets (Llama-shaped; Qwen3 with sliding-window layers) in float32 and
     bfloat16. In float32 every method's graphed output equals the eager twin's, the eager runtime's and the eager AR
     output; every check passes in both dtypes (bf16 equalities are reported, not required)."""
+    load_cpu_library()  # the fused tree build's checks run on the CPU library
     module = load_gpu_check()
     assert module.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -78,6 +80,12 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
             assert batch["tokens"] == 4 * report["max_new_tokens"]
     assert checks["shipped-drafter"]["figures"]["target_layer_ids"] == [1, 8, 14, 20, 27]
     assert checks["plugins/cmake"]["status"] == "skip" and "CUDA device" in checks["plugins/cmake"]["error"]
+    fused = checks["fused-tree/equal"]["figures"]
+    assert fused["backend"] == "cpu-library" and fused["trees"] == 16 * (1 + 4 + 16) and fused["nodes"] > fused["trees"]
+    assert set(checks["fused-tree/ms"]["figures"]) == {"fused_ms@1", "ops_ms@1", "fused_ms@16", "ops_ms@16"}
+    decoder = checks["fused-tree/decoder"]["figures"]
+    assert decoder["equal_tensor_ops_0"] is True and decoder["equal_tensor_ops_1"] is True
+    assert decoder["tree_build_ms_on"] > 0 and decoder["tree_build_ms_off"] > 0
     out = capsys.readouterr().out
     assert "ok   smollm2-135m-tiny/float32/ar/graphed tok_per_s: " in out  # one summary line per figure
     assert out.rstrip().splitlines()[-1].startswith("gpu_check: ") and " 0 failed" in out
@@ -105,6 +113,7 @@ def test_a_failing_check_is_recorded_and_the_run_goes_on(tmp_path, capsys, monke
     for later in ("ar-graphed-vs-eager", "compaction-boundary-drafter", "compaction-boundary-oracle"):
         assert checks[f"smollm2-135m-tiny/bfloat16/{later}"]["status"] == "ok", later
     assert checks["plugins/cmake"]["error"] == "--plugins off"
+    assert checks["fused-tree/decoder"]["status"] == checks["fused-tree/equal"]["status"] == "skip"
     out = capsys.readouterr().out
     assert "FAIL smollm2-135m-tiny/bfloat16/ar/stage-ms@1: RuntimeError: injected failure" in out
     assert "FAILED smollm2-135m-tiny/bfloat16/ar/stage-ms@1" in out

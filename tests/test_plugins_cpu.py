@@ -194,10 +194,10 @@ def test_tree_mask_shape_errors(cpu_library: ctypes.CDLL) -> None:
 
 
 def test_error_strings_cover_every_code(cpu_library: ctypes.CDLL) -> None:
-    for code in range(kernels.ERR_CUDA + 1):
+    for code in range(kernels.ERR_DDTREE_SHAPE + 1):
         text = kernels.error_string(code)
         assert text and text != "unknown error"
-    assert kernels.error_string(kernels.ERR_CUDA + 1) == "unknown error"
+    assert kernels.error_string(kernels.ERR_DDTREE_SHAPE + 1) == "unknown error"
     assert kernels.error_string(999) == "unknown error"
     assert kernels.error_string(-1) == "unknown error"
 
@@ -218,7 +218,7 @@ def _raw_tree_mask_code(lib: ctypes.CDLL, parents: np.ndarray, lengths: np.ndarr
 
 
 def test_every_error_code_becomes_input_error_with_value(cpu_library: ctypes.CDLL) -> None:
-    for code in range(1, kernels.ERR_CUDA + 1):
+    for code in range(1, kernels.ERR_DDTREE_SHAPE + 1):
         detail = kernels._ErrorDetail(code, 1, 2, 77)
         with pytest.raises(DFlashInputError) as excinfo:
             kernels._raise_for(code, detail, {"geometry": "heads=77", "capacity": 9, "max_accepted": 3})

@@ -142,7 +142,8 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
         pytest.skip("plugins/build was configured without CUDA (DFLASH_ENABLE_CUDA=OFF or no nvcc then)")
     assert result.returncode == 0, result.stdout + result.stderr
     library = ctypes.CDLL(str(BUILD_DIR / "libdflash_plugins_cuda.so"))
-    for name in ("dflash_tree_mask_cuda", "dflash_kv_compact_linear_cuda", "dflash_kv_compact_paged_cuda"):
+    for name in ("dflash_tree_mask_cuda", "dflash_kv_compact_linear_cuda", "dflash_kv_compact_paged_cuda",
+                 "dflash_ddtree_build_cuda"):
         assert hasattr(library, name), name
     detail = kernels._ErrorDetail()
     fn = library.dflash_tree_mask_cuda
@@ -152,7 +153,19 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
     assert fn(None, None, 1, 8, 4, None, None, None, None, ctypes.byref(detail)) == kernels.ERR_BAD_GEOMETRY
     # batch = 0 launches nothing.
     assert fn(None, None, 0, 4, 4, None, None, None, None, ctypes.byref(detail)) == kernels.OK
+    # The fused DDTree build: a budget past the static scratch, or a negative depth, is refused by name
+    # (detail index 0 budget, 1 depth) before any CUDA call; an empty batch launches nothing.
+    ddtree = library.dflash_ddtree_build_cuda
+    ddtree.restype = ctypes.c_int32
+
+    def build(batch: int, depth: int, k: int, budget: int) -> int:
+        return ddtree(*[None] * 4, batch, depth, k, budget, *[None] * 7, ctypes.byref(detail))
+
+    assert build(1, 4, 5, 256) == kernels.ERR_DDTREE_SHAPE and (detail.index, detail.value) == (0, 256)
+    assert build(1, -1, 5, 8) == kernels.ERR_DDTREE_SHAPE and (detail.index, detail.value) == (1, -1)
+    assert build(0, 4, 5, 8) == kernels.OK
     if Path("/dev/nvidia0").exists():
         return  # a real launch on null pointers would fault the device: stop here
     code = fn(None, None, 1, 4, 4, None, None, None, None, ctypes.byref(detail))
     assert code == kernels.ERR_CUDA and detail.value != 0
+    assert build(1, 4, 5, 8) == kernels.ERR_CUDA and detail.value != 0

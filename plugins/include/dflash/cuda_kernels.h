@@ -39,4 +39,11 @@ cudaError_t launchKVCompactPaged(void* const* hostPoolPointers, int32_t const* h
 cudaError_t launchCommittedLengths(int32_t const* pastLengths, int32_t const* numAccepted, int32_t batch,
     int32_t* newLengths, cudaStream_t stream);
 
+//! The fused DDTree build (ddtree_core.h): one thread per row; arguments as dflash_ddtree_build_cpu's, all
+//! device memory (maxDepth may be null). cudaErrorInvalidValue where ddtreeShapeError refuses them.
+cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int64_t const* roots,
+    int64_t const* maxDepth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens,
+    int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores,
+    cudaStream_t stream);
+
 } // namespace dflash

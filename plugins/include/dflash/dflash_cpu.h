@@ -71,6 +71,21 @@ DFLASH_API int32_t dflash_kv_compact_paged_cpu(void* const* pool_pointers, int64
 DFLASH_API int32_t dflash_compact_tail_cpu(void* tensor, int64_t outer, int64_t seq_len, int64_t inner_bytes,
     int32_t past_len, int32_t const* accepted_nodes, int32_t num_accepted, DFlashErrorDetail* detail);
 
+//! DDTree's best-first tree for a batch of rows (ddtree_core.h; the same body as the CUDA
+//! kernel, run row after row). topk_logprobs [batch, depth, k] float64 (each depth's row
+//! sorted non-increasing; non-finite entries are never nodes), topk_tokens [batch, depth, k],
+//! roots [batch], max_depth [batch] or null (a row's nodes are at most that deep).
+//! Outputs [batch, budget + 1] (num_nodes [batch]): device_tree.DeviceTree's layout.
+//! 0 <= budget <= dflash_max_ddtree_budget(), depth >= 0, k >= 0, else DFLASH_ERR_DDTREE_SHAPE
+//! (detail index 0: budget, 1: depth, 2: k).
+DFLASH_API int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk_tokens,
+    int64_t const* roots, int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget,
+    int64_t* tokens, int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
+    DFlashErrorDetail* detail);
+
+//! Largest budget dflash_ddtree_build_cpu / _cuda take (dflash::kMaxDDTreeBudget).
+DFLASH_API int32_t dflash_max_ddtree_budget(void);
+
 // ---------------------------------------------------------------------------
 // GPU kernel emulation (test aid). These run the CUDA kernels' per-thread bodies
 // (include/dflash/kernel_bodies.h) serially over the same grid and with the same

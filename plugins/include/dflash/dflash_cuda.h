@@ -34,6 +34,13 @@ DFLASH_API int32_t dflash_kv_compact_paged_cuda(void* const* pool_pointers, int3
     int32_t const* past_lengths, int32_t const* accepted_nodes, int32_t max_accepted, int32_t const* num_accepted,
     void* stream, DFlashErrorDetail* detail);
 
+//! The fused DDTree build on the device (dflash_ddtree_build_cpu's arguments, device memory, asynchronous; the
+//! shape is checked, the values are not). CUDA-graph safe: one kernel launch on `stream`, no allocation.
+DFLASH_API int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* topk_tokens,
+    int64_t const* roots, int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget,
+    int64_t* tokens, int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
+    void* stream, DFlashErrorDetail* detail);
+
 #ifdef __cplusplus
 }
 #endif

@@ -3,6 +3,7 @@
 // kernels and this file cannot drift apart.
 
 #include "dflash/dflash_cpu.h"
+#include "dflash/ddtree_core.h"
 #include "dflash/kv_compact_core.h"
 #include "dflash/enqueue_guard.h"
 #include "dflash/tree_mask_core.h"
@@ -14,7 +15,7 @@ namespace
 
 using dflash::reportError;
 
-constexpr int32_t kAbiVersion = 2;
+constexpr int32_t kAbiVersion = 3;
 
 char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "ok",
@@ -36,6 +37,7 @@ char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "pool mapping refers to a pool or layer that does not exist",
     "a block offset points outside its pool, or the pool pointer is null",
     "a CUDA call failed (the detail's value is the cudaError_t)",
+    "DDTree budget, depth or rank count is out of range",
 };
 
 //! Validate all sequences' accepted paths; capacity is the per-sequence slot count.
@@ -366,6 +368,40 @@ int32_t dflash_compact_tail_cpu(void* tensor, int64_t outer, int64_t seq_len, in
                 rowBase + (past_len + static_cast<int64_t>(accepted_nodes[i])) * inner_bytes,
                 static_cast<size_t>(inner_bytes));
         }
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_max_ddtree_budget(void)
+{
+    return dflash::kMaxDDTreeBudget;
+}
+
+int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk_tokens, int64_t const* roots,
+    int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* tokens,
+    int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
+    DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::ddtreeShapeError(batch, depth, k, budget, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return reportError(detail, code, -1, index, value);
+    }
+    bool const needsInputs = depth > 0 && k > 0;
+    if (batch > 0
+        && ((needsInputs && (topk_logprobs == nullptr || topk_tokens == nullptr)) || roots == nullptr
+            || tokens == nullptr || parents == nullptr || depths == nullptr || valid == nullptr
+            || num_nodes == nullptr || scores == nullptr))
+    {
+        return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+    }
+    for (int32_t row = 0; row < batch; ++row) // the kernel's threads, one after another
+    {
+        dflash::ddtreeRowThread(row, topk_logprobs, topk_tokens, roots, max_depth, depth, k, budget, tokens, parents,
+            depths, valid, num_nodes, scores);
     }
     return DFLASH_OK;
 }

@@ -3,6 +3,7 @@
 
 #include "dflash/dflash_cuda.h"
 #include "dflash/cuda_kernels.h"
+#include "dflash/ddtree_core.h"
 
 namespace
 {
@@ -50,6 +51,23 @@ int32_t dflash_kv_compact_paged_cuda(void* const* pool_pointers, int32_t num_poo
     return statusOf(dflash::launchKVCompactPaged(pool_pointers, pool_mapping, num_pools, num_layers, block_offsets,
                         batch, max_blocks_per_seq, tokens_per_block, num_kv_heads, head_bytes, past_lengths,
                         accepted_nodes, max_accepted, num_accepted, static_cast<cudaStream_t>(stream)),
+        detail);
+}
+
+int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* topk_tokens, int64_t const* roots,
+    int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* tokens,
+    int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores, void* stream,
+    DFlashErrorDetail* detail)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::ddtreeShapeError(batch, depth, k, budget, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return dflash::reportError(detail, code, -1, index, value);
+    }
+    return statusOf(dflash::launchDDTreeBuild(topk_logprobs, topk_tokens, roots, max_depth, batch, depth, k, budget,
+                        tokens, parents, depths, valid, num_nodes, scores, static_cast<cudaStream_t>(stream)),
         detail);
 }
 

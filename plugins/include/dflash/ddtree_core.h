@@ -1,0 +1,247 @@
+// DDTree's best-first tree for one batch row: the body of the fused tree-build kernel
+// (src/cuda/ddtree_kernels.cu, one thread per row) and of the CPU library's
+// dflash_ddtree_build_cpu, which runs it row after row. The PyTorch runtime's
+// device_tree.build_ddtree_device builds the same tree out of ~400 small tensor ops (one
+// kernel launch each on a GPU); this is the same algorithm as one launch.
+//
+// The algorithm and its tie rule are tensorrt_llm_dflash.tree.best_first_tree's (the
+// numpy reference every implementation is held equal to, node for node):
+// * a node is a rank tuple (r1..rd); its score is its parent's score plus
+//   logprobs[d-1][rd], one float64 addition per node (so every device rounds alike);
+// * pop the best heap entry (score descending, then rank tuple ascending, a prefix
+//   before its extensions), append it as the next node, then push its next sibling
+//   (same parent, rank + 1) and its own first child (rank 0 at the next depth);
+// * at most `budget` draft nodes; entries whose log-probability is not finite
+//   (a reduced draft vocabulary writes -inf) are never pushed; a row's depth is capped
+//   by `depthLimit` (the drafted depths, the budget and the row's max_depth).
+//
+// Output layout (per row, `budget + 1` columns, as device_tree.DeviceTree after
+// pad_tree): column 0 is the root (token `root`, parent -1, depth 0, score +0.0), then
+// the nodes in pop order, then padding (token -1, parent 0, depth 0, score -inf, valid 0).
+#pragma once
+
+#include "dflash/common.h"
+
+#include <cstdint>
+
+namespace dflash
+{
+
+//! Largest budget (draft nodes) the fused build takes: its per-row scratch is static.
+//! The cost-aware tree's pool is 63 nodes; larger budgets use the tensor-op build.
+constexpr int32_t kMaxDDTreeBudget = 255;
+//! Heap entries: every pop pushes at most two (sibling, child), so budget + 2 suffice.
+constexpr int32_t kMaxDDTreeHeap = kMaxDDTreeBudget + 2;
+
+struct DDTreeEntry
+{
+    double score;
+    int16_t parent; //!< node index of the parent (0 = the root)
+    int16_t rank;   //!< rank under the parent (column of the depth's log-probability row)
+};
+
+//! True when the rank tuple of (parent a, rank ra) sorts before that of (b, rb), lexicographically.
+//! `parents`, `depths` and `ranks` describe the nodes built so far (the parents of both entries among
+//! them). Neither tuple is a prefix of the other: both are in the heap, not yet built, while every
+//! proper prefix of a heap entry is a built node. So after lifting the deeper one to the other's
+//! depth the two differ, and they first differ under their deepest common ancestor.
+DFLASH_HD bool tupleBefore(int16_t a, int16_t ra, int16_t b, int16_t rb, int64_t const* parents,
+    int64_t const* depths, int16_t const* ranks)
+{
+    int64_t da = depths[a] + 1;
+    int64_t db = depths[b] + 1;
+    while (da > db)
+    {
+        ra = ranks[a];
+        a = static_cast<int16_t>(parents[a]);
+        --da;
+    }
+    while (db > da)
+    {
+        rb = ranks[b];
+        b = static_cast<int16_t>(parents[b]);
+        --db;
+    }
+    while (a != b) // same depth: climb until both hang under one node
+    {
+        ra = ranks[a];
+        a = static_cast<int16_t>(parents[a]);
+        rb = ranks[b];
+        b = static_cast<int16_t>(parents[b]);
+    }
+    return ra < rb;
+}
+
+//! The heap's order: x pops before y.
+DFLASH_HD bool popsBefore(DDTreeEntry const& x, DDTreeEntry const& y, int64_t const* parents, int64_t const* depths,
+    int16_t const* ranks)
+{
+    if (x.score != y.score)
+    {
+        return x.score > y.score;
+    }
+    return tupleBefore(x.parent, x.rank, y.parent, y.rank, parents, depths, ranks);
+}
+
+DFLASH_HD void heapPush(DDTreeEntry* heap, int32_t& size, DDTreeEntry entry, int64_t const* parents,
+    int64_t const* depths, int16_t const* ranks)
+{
+    int32_t i = size++;
+    while (i > 0)
+    {
+        int32_t const up = (i - 1) / 2;
+        if (!popsBefore(entry, heap[up], parents, depths, ranks))
+        {
+            break;
+        }
+        heap[i] = heap[up];
+        i = up;
+    }
+    heap[i] = entry;
+}
+
+DFLASH_HD DDTreeEntry heapPop(DDTreeEntry* heap, int32_t& size, int64_t const* parents, int64_t const* depths,
+    int16_t const* ranks)
+{
+    DDTreeEntry const top = heap[0];
+    DDTreeEntry const last = heap[--size];
+    int32_t i = 0;
+    while (true)
+    {
+        int32_t child = 2 * i + 1;
+        if (child >= size)
+        {
+            break;
+        }
+        if (child + 1 < size && popsBefore(heap[child + 1], heap[child], parents, depths, ranks))
+        {
+            ++child;
+        }
+        if (!popsBefore(heap[child], last, parents, depths, ranks))
+        {
+            break;
+        }
+        heap[i] = heap[child];
+        i = child;
+    }
+    if (size > 0)
+    {
+        heap[i] = last;
+    }
+    return top;
+}
+
+DFLASH_HD bool usableLogprob(double value)
+{
+    // Finite (torch.isfinite): -inf (outside a reduced vocabulary) is never a node, nor is a NaN.
+    // x - x is 0 for a finite x and NaN for +-inf and NaN.
+    return value - value == 0.0;
+}
+
+//! One row. logprobs / tokens: [depth, k] (row-major, each depth's row sorted
+//! non-increasing); `depthLimit` = min(depth, budget, the row's max_depth), >= 0;
+//! 0 <= budget <= kMaxDDTreeBudget. Outputs: budget + 1 entries each; numNodes: one.
+DFLASH_HD void buildDDTreeRow(double const* logprobs, int64_t const* tokens, int32_t k, int64_t root,
+    int32_t depthLimit, int32_t budget, int64_t* outTokens, int64_t* outParents, int64_t* outDepths,
+    unsigned char* outValid, int64_t* outNumNodes, double* outScores)
+{
+    int16_t ranks[kMaxDDTreeBudget + 1];
+    DDTreeEntry heap[kMaxDDTreeHeap];
+    int32_t heapSize = 0;
+    int32_t count = 1;
+    outTokens[0] = root;
+    outParents[0] = -1;
+    outDepths[0] = 0;
+    outValid[0] = 1;
+    outScores[0] = 0.0;
+    ranks[0] = 0;
+    int32_t const ranksUsed = k < budget ? k : budget;
+    if (budget > 0 && depthLimit > 0 && ranksUsed > 0 && usableLogprob(logprobs[0]))
+    {
+        heapPush(heap, heapSize, DDTreeEntry{0.0 + logprobs[0], 0, 0}, outParents, outDepths, ranks);
+    }
+    while (heapSize > 0 && count <= budget)
+    {
+        DDTreeEntry const top = heapPop(heap, heapSize, outParents, outDepths, ranks);
+        int32_t const node = count++;
+        int64_t const depth = outDepths[top.parent] + 1;
+        double const* row = logprobs + (depth - 1) * k;
+        outTokens[node] = tokens[(depth - 1) * k + top.rank];
+        outParents[node] = top.parent;
+        outDepths[node] = depth;
+        outValid[node] = 1;
+        outScores[node] = top.score;
+        ranks[node] = top.rank;
+        int32_t const sibling = top.rank + 1;
+        if (sibling < ranksUsed && usableLogprob(row[sibling]))
+        {
+            heapPush(heap, heapSize, DDTreeEntry{outScores[top.parent] + row[sibling], top.parent,
+                static_cast<int16_t>(sibling)}, outParents, outDepths, ranks);
+        }
+        double const* childRow = row + k; // depth + 1's row (exists: depth < depthLimit <= depth rows)
+        if (depth < depthLimit && usableLogprob(childRow[0]))
+        {
+            heapPush(heap, heapSize, DDTreeEntry{top.score + childRow[0], static_cast<int16_t>(node), 0}, outParents,
+                outDepths, ranks);
+        }
+    }
+    *outNumNodes = count;
+    for (int32_t node = count; node <= budget; ++node)
+    {
+        outTokens[node] = -1;
+        outParents[node] = 0;
+        outDepths[node] = 0;
+        outValid[node] = 0;
+        outScores[node] = -__builtin_huge_val();
+    }
+}
+
+//! The row's depth limit: the drafted depths, the budget (a node at depth t needs t - 1
+//! ancestors) and its max_depth (null: none; negative counts as 0).
+DFLASH_HD int32_t ddtreeDepthLimit(int32_t depth, int32_t budget, int64_t const* maxDepth, int32_t row)
+{
+    int64_t limit = depth < budget ? depth : budget;
+    if (maxDepth != nullptr)
+    {
+        int64_t const rowLimit = maxDepth[row] < 0 ? 0 : maxDepth[row];
+        limit = rowLimit < limit ? rowLimit : limit;
+    }
+    return static_cast<int32_t>(limit);
+}
+
+//! The launch's arguments checked (host side, CPU library and CUDA launcher alike): DFLASH_OK, or the code with
+//! `index` (0 budget, 1 depth, 2 k; -1 for batch) and the offending `value`.
+inline int32_t ddtreeShapeError(int32_t batch, int32_t depth, int32_t k, int32_t budget, int32_t* index,
+    int64_t* value)
+{
+    int32_t const fields[3] = {budget, depth, k};
+    if (batch < 0)
+    {
+        *index = -1;
+        *value = batch;
+        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
+    }
+    for (int32_t i = 0; i < 3; ++i)
+    {
+        if (fields[i] < 0 || (i == 0 && fields[i] > kMaxDDTreeBudget))
+        {
+            *index = i;
+            *value = fields[i];
+            return DFLASH_ERR_DDTREE_SHAPE;
+        }
+    }
+    return DFLASH_OK;
+}
+
+//! Thread `row` of the kernel: one batch row, inputs [batch, depth, k], outputs [batch, budget + 1].
+DFLASH_HD void ddtreeRowThread(int32_t row, double const* logprobs, int64_t const* tokens, int64_t const* roots,
+    int64_t const* maxDepth, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens, int64_t* outParents,
+    int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores)
+{
+    int64_t const in = static_cast<int64_t>(row) * depth * k;
+    int64_t const out = static_cast<int64_t>(row) * (budget + 1);
+    buildDDTreeRow(logprobs + in, tokens + in, k, roots[row], ddtreeDepthLimit(depth, budget, maxDepth, row), budget,
+        outTokens + out, outParents + out, outDepths + out, outValid + out, outNumNodes + row, outScores + out);
+}
+
+} // namespace dflash

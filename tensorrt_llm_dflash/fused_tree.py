@@ -1,0 +1,149 @@
+"""The fused DDTree build: one call (one CUDA kernel launch) per step instead of ~400 tensor ops.
+
+:func:`device_tree.build_ddtree_device` builds the best-first tree from fixed-shape tensor ops, a
+depth loop of sorts and gathers: 397 ops for the cost-aware tree's 63-node pool over 15 drafted
+depths, one kernel launch each on a GPU, where even inside a CUDA graph each costs a few
+microseconds (the H200's tree-build stage took 1.4 ms a step). The plugin library runs the same
+search as one best-first heap per row (``plugins/include/dflash/ddtree_core.h``): the CUDA
+library (``libdflash_plugins_cuda.so``) as one kernel, one thread per row, and the CPU library
+(``libdflash_plugins_cpu.so``) as the same body row after row. Both produce exactly
+:class:`~tensorrt_llm_dflash.device_tree.DeviceTree`'s layout, node for node and bit for bit as the
+tensor ops and ``tree.build_ddtree`` do (``tests/test_fused_tree.py``).
+
+Which build runs is :data:`FUSED_TREE_ENV` (``DFLASH_FUSED_TREE``):
+
+* ``auto`` (the default): the CPU library on CPU tensors when it is built; the tensor ops on CUDA
+  (the kernel is opt-in there until a GPU run has measured it: ``examples/gpu_check.py`` compares
+  and times both);
+* ``on``: the library for the tensors' device, and a clear error when it is not built;
+* ``off``: the tensor ops everywhere.
+
+Budgets above :data:`MAX_BUDGET` (255 draft nodes) always take the tensor ops. Build the libraries
+with ``cmake -S plugins -B plugins/build && cmake --build plugins/build`` (the CUDA one needs nvcc),
+or point ``$DFLASH_PLUGIN_LIB`` at the folder holding them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import TYPE_CHECKING
+
+from . import kernels
+from .errors import DFlashInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .device_tree import DeviceTree
+
+FUSED_TREE_ENV = "DFLASH_FUSED_TREE"
+MODES = ("auto", "on", "off")
+CUDA_LIBRARY_NAME = "libdflash_plugins_cuda.so"
+#: Must equal dflash::kMaxDDTreeBudget (plugins/include/dflash/ddtree_core.h); the tests check it.
+MAX_BUDGET = 255
+
+_cuda_library: ctypes.CDLL | None = None
+_cuda_searched = False
+
+
+def mode() -> str:
+    """``DFLASH_FUSED_TREE``, checked: one of :data:`MODES` (``1``/``0`` count as on/off)."""
+    raw = os.environ.get(FUSED_TREE_ENV, "auto").strip().lower()
+    value = {"1": "on", "0": "off", "": "auto"}.get(raw, raw)
+    if value not in MODES:
+        raise DFlashInputError(f"{FUSED_TREE_ENV}={raw!r} is not one of {', '.join(MODES)} (or 1, 0)")
+    return value
+
+
+def load_cuda_library() -> ctypes.CDLL | None:
+    """The CUDA plugin library (looked up as the CPU one is: ``$DFLASH_PLUGIN_LIB``, then ``plugins/build``), or
+    None when it is not built. A library built from older sources (no ``dflash_ddtree_build_cuda``) counts as
+    not built."""
+    global _cuda_library, _cuda_searched
+    if _cuda_library is not None or _cuda_searched:
+        return _cuda_library
+    _cuda_searched = True
+    for candidate in kernels.library_candidates(name=CUDA_LIBRARY_NAME):
+        if not candidate.is_file():
+            continue
+        try:
+            lib = ctypes.CDLL(str(candidate))
+        except OSError:  # no CUDA runtime on this machine
+            continue
+        build = getattr(lib, "dflash_ddtree_build_cuda", None)
+        if build is None:
+            continue
+        build.restype = ctypes.c_int32
+        build.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 7
+                          + [ctypes.POINTER(kernels._ErrorDetail)])
+        _cuda_library = lib
+        break
+    return _cuda_library
+
+
+def backend(device: torch.device) -> str | None:
+    """``"cpu-library"`` or ``"cuda-library"`` where the fused build runs on ``device`` under the current mode, None
+    where the tensor ops run. ``on`` with no library for the device raises a DFlashInputError."""
+    chosen = mode()
+    if chosen == "off":
+        return None
+    if device.type == "cpu":
+        if kernels.library_loaded():
+            return "cpu-library"
+        missing = kernels.LIBRARY_NAME
+    elif device.type == "cuda":
+        if chosen == "auto":  # opt-in on a GPU until measured there
+            return None
+        if load_cuda_library() is not None:
+            return "cuda-library"
+        missing = CUDA_LIBRARY_NAME
+    else:
+        missing = f"a plugin library for {device.type}"
+    if chosen == "on":
+        raise DFlashInputError(
+            f"{FUSED_TREE_ENV}=on but {missing} is not built: cmake -S plugins -B plugins/build && cmake --build "
+            f"plugins/build (or point ${kernels.LIBRARY_ENV_VAR} at its folder), or set {FUSED_TREE_ENV}=auto")
+    return None
+
+
+def build_ddtree_fused(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int,
+                       max_depth: torch.Tensor | None = None, *, where: str | None = None) -> DeviceTree:
+    """``device_tree.build_ddtree_device``'s tree from the plugin library (same arguments, same result, bit for
+    bit). ``where``: the library (``backend``'s answer; default: ask it). On CUDA one asynchronous kernel on the
+    current stream, which a CUDA graph captures like any other."""
+    import torch
+
+    from .device_tree import DeviceTree
+
+    where = backend(root.device) if where is None else where
+    if where is None:
+        raise DFlashInputError(f"the fused DDTree build does not run on {root.device} here ({FUSED_TREE_ENV}={mode()})")
+    budget = int(budget)
+    batch, depth, k = (int(x) for x in topk_logprobs.shape)
+    device = root.device
+    # The library reads float64 log-probabilities (the tensor ops sum in float64 too: the same additions).
+    logprobs = topk_logprobs.to(torch.float64).contiguous()
+    tokens_in = topk_tokens.to(torch.long).contiguous()
+    roots = root.to(torch.long).contiguous()
+    depth_limit = None if max_depth is None else max_depth.to(torch.long).contiguous()
+    size = budget + 1
+    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
+    parents = torch.empty_like(tokens)
+    depths = torch.empty_like(tokens)
+    valid = torch.empty(batch, size, dtype=torch.bool, device=device)
+    num_nodes = torch.empty(batch, dtype=torch.long, device=device)
+    scores = torch.empty(batch, size, dtype=torch.float64, device=device)
+    pointers = [t.data_ptr() if t is not None and t.numel() else None
+                for t in (logprobs, tokens_in, roots, depth_limit)]
+    outputs = [t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores)]
+    detail = kernels._ErrorDetail()
+    if where == "cuda-library":
+        lib = load_cuda_library()
+        stream = torch.cuda.current_stream(device).cuda_stream
+        code = lib.dflash_ddtree_build_cuda(*pointers, batch, depth, k, budget, *outputs, stream, ctypes.byref(detail))
+    else:
+        lib = kernels.load_library()
+        code = lib.dflash_ddtree_build_cpu(*pointers, batch, depth, k, budget, *outputs, ctypes.byref(detail))
+    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+    return DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)

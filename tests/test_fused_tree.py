@@ -1,0 +1,157 @@
+"""The fused DDTree build (tensorrt_llm_dflash.fused_tree; plugins/include/dflash/ddtree_core.h).
+
+Node-for-node equality with ``tree.build_ddtree`` (ties, -inf, depth limits, float32 and float64) is in
+tests/test_device_tree.py, which runs every build check both ways. Here: the largest budget and batch bit for
+bit against the tensor ops, which build runs where (``DFLASH_FUSED_TREE``, the libraries, the budget), the
+errors, and the graphed runtime decoding the same tokens with it as without it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import torch
+from test_graphed import ScriptedStaticProposer
+from test_plugin_support import load_cpu_library
+from tiny_models import hf_greedy, tiny_target
+
+from tensorrt_llm_dflash import fused_tree, kernels
+from tensorrt_llm_dflash.device_tree import DeviceTree, build_ddtree_device
+from tensorrt_llm_dflash.errors import DFlashInputError
+from tensorrt_llm_dflash.graphed import GraphedDecoder
+
+FIELDS = ("tokens", "parents", "depths", "valid", "num_nodes", "scores")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def cpu_library(monkeypatch):
+    monkeypatch.delenv(fused_tree.FUSED_TREE_ENV, raising=False)
+    return load_cpu_library()
+
+
+def marginals(rng: np.random.Generator, batch: int, depth: int, k: int, ties: bool = False):
+    if ties:
+        lp = rng.choice(np.array([0.0, -0.5, -1.0, -2.0]), size=(batch, depth, k))
+    else:
+        lp = np.log(rng.dirichlet(np.full(k, 0.3), size=(batch, depth)) + 1e-300)
+    lp = -np.sort(-lp, axis=-1)
+    tokens = rng.integers(0, 50_000, size=(batch, depth, k))
+    return torch.tensor(lp), torch.tensor(tokens), torch.arange(7, 7 + batch)
+
+
+def assert_identical(a: DeviceTree, b: DeviceTree) -> None:
+    for name in FIELDS:
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert torch.equal(x, y), name
+
+
+def test_the_budget_limit_is_the_librarys(cpu_library):
+    assert cpu_library.dflash_max_ddtree_budget() == fused_tree.MAX_BUDGET
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_largest_budget_and_a_batch_of_16_equal_the_tensor_ops_bit_for_bit(ties):
+    rng = np.random.default_rng(4 + ties)
+    for depth, k, budget in ((15, 255, 255), (15, 63, 63), (16, 300, 200), (3, 2, 255)):
+        lp, tokens, roots = marginals(rng, 16, depth, k, ties)
+        max_depth = torch.tensor(rng.integers(-1, depth + 2, size=16))
+        for limit in (None, max_depth):
+            fused = build_ddtree_device(roots, lp.float(), tokens, budget, limit, fused=True)
+            ops = build_ddtree_device(roots, lp.float(), tokens, budget, limit, fused=False)
+            assert_identical(fused, ops)
+            assert int(fused.num_nodes.max()) > min(budget, 8)  # real trees, not root-only rows
+
+
+def test_which_build_runs_where(monkeypatch):
+    assert fused_tree.mode() == "auto" and fused_tree.backend(CPU) == "cpu-library"
+    # CUDA: opt-in, the kernel has not been measured on a GPU yet.
+    assert fused_tree.backend(CUDA) is None
+    for value, mode in (("1", "on"), ("ON", "on"), ("0", "off"), (" off ", "off"), ("", "auto")):
+        monkeypatch.setenv(fused_tree.FUSED_TREE_ENV, value)
+        assert fused_tree.mode() == mode
+    monkeypatch.setenv(fused_tree.FUSED_TREE_ENV, "off")
+    assert fused_tree.backend(CPU) is None
+    calls = []
+    monkeypatch.setattr(fused_tree, "build_ddtree_fused", lambda *a, **k: calls.append(1))
+    lp, tokens, roots = marginals(np.random.default_rng(0), 2, 4, 5)
+    build_ddtree_device(roots, lp, tokens, 6)
+    assert calls == []  # off: the tensor ops
+    monkeypatch.delenv(fused_tree.FUSED_TREE_ENV)
+    build_ddtree_device(roots, lp, tokens, 6)
+    assert calls == [1]  # auto with the CPU library built
+    build_ddtree_device(roots, lp, tokens, fused_tree.MAX_BUDGET + 1)
+    assert calls == [1]  # past the fused build's budget: the tensor ops
+
+
+def test_a_bad_mode_names_the_variable_and_the_value(monkeypatch):
+    monkeypatch.setenv(fused_tree.FUSED_TREE_ENV, "maybe")
+    with pytest.raises(DFlashInputError, match=r"DFLASH_FUSED_TREE='maybe' is not one of auto, on, off"):
+        fused_tree.backend(CPU)
+
+
+def test_on_without_a_library_is_a_clear_error_and_auto_falls_back(monkeypatch):
+    monkeypatch.setattr(fused_tree, "_cuda_library", None)
+    monkeypatch.setattr(fused_tree, "_cuda_searched", True)  # searched, nothing built
+    monkeypatch.setenv(fused_tree.FUSED_TREE_ENV, "on")
+    with pytest.raises(DFlashInputError, match=r"DFLASH_FUSED_TREE=on but libdflash_plugins_cuda.so is not built"):
+        fused_tree.backend(CUDA)
+    monkeypatch.setattr(kernels, "_library", None)
+    monkeypatch.setattr(kernels, "_library_searched", True)
+    with pytest.raises(DFlashInputError, match=r"libdflash_plugins_cpu.so is not built"):
+        fused_tree.backend(CPU)
+    lp, tokens, roots = marginals(np.random.default_rng(1), 3, 5, 6)
+    with pytest.raises(DFlashInputError, match="not built"):
+        build_ddtree_device(roots, lp, tokens, 9)
+    monkeypatch.delenv(fused_tree.FUSED_TREE_ENV)
+    assert fused_tree.backend(CPU) is None
+    with pytest.raises(DFlashInputError, match=r"does not run on cpu with budget 9 here \(DFLASH_FUSED_TREE=auto"):
+        build_ddtree_device(roots, lp, tokens, 9, fused=True)
+    tree = build_ddtree_device(roots, lp, tokens, 9)  # auto: the tensor ops
+    assert tree.tokens.shape == (3, 10) and int(tree.num_nodes.min()) == 10
+
+
+def test_the_library_refuses_a_bad_shape_naming_the_field(cpu_library):
+    lp, tokens, roots = marginals(np.random.default_rng(2), 1, 4, 5)
+    with pytest.raises(DFlashInputError, match=r"budget=256 is out of range for the fused DDTree build \(budget 0..255"):
+        fused_tree.build_ddtree_fused(roots, lp, tokens, 256, where="cpu-library")
+    with pytest.raises(DFlashInputError, match=r"with budget 256 here"):
+        build_ddtree_device(roots, lp, tokens, 256, fused=True)
+    detail = kernels._ErrorDetail()
+    # (batch, depth, k, budget); the detail's index: 0 budget, 1 depth, 2 k.
+    for field, args, value in ((1, (1, -1, 5, 8), -1), (2, (1, 4, -3, 8), -3), (0, (1, 4, 5, -1), -1)):
+        code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, *args, *[None] * 6, ctypes.byref(detail))
+        assert (code, detail.index, detail.value) == (kernels.ERR_DDTREE_SHAPE, field, value)
+    code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, 2, 4, 5, 8, *[None] * 6, ctypes.byref(detail))
+    assert code == kernels.ERR_NULL_POINTER
+    code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, 0, 4, 5, 8, *[None] * 6, ctypes.byref(detail))
+    assert code == kernels.OK  # an empty batch touches nothing
+
+
+@pytest.mark.parametrize("budget", [None, 5])
+def test_the_graphed_decoder_decodes_the_same_with_the_fused_build(monkeypatch, budget):
+    """The cost-aware tree (its pool is a DDTree of the largest bucket's size) and a fixed DDTree budget: the same
+    tokens, acceptance lengths and tree sizes with the fused build as with the tensor ops, both = transformers."""
+    model = tiny_target("qwen3", seed=6)
+    prompt = [4, 19, 33, 8, 2, 51]
+    reference = hf_greedy(model, prompt, 36)
+    fused_calls = []
+    real = fused_tree.build_ddtree_fused
+    monkeypatch.setattr(fused_tree, "build_ddtree_fused", lambda *a, **k: fused_calls.append(1) or real(*a, **k))
+    runs = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv(fused_tree.FUSED_TREE_ENV, mode)
+        # Scripted drafts (the truth with noise): long accepted paths and wrong top-1s the tree recovers.
+        drafter = ScriptedStaticProposer(prompt + reference, 8, 64, noise=0.3, seed=3)
+        decoder = GraphedDecoder(model, drafter, budget=budget, policy_buckets=(2, 4, 8, 16),
+                                 policy_costs=[1.0, 1.1, 1.3, 1.8], seed_calibration=False)
+        runs[mode] = decoder.generate(prompt, 36)
+        assert (len(fused_calls) > 0) == (mode == "on")
+    for out in runs.values():
+        assert out.output_ids == reference
+    assert runs["on"].stats.acceptance_lengths == runs["off"].stats.acceptance_lengths
+    assert runs["on"].stats.tree_sizes == runs["off"].stats.tree_sizes
+    assert max(runs["on"].stats.acceptance_lengths) >= 4  # trees were verified and accepted
