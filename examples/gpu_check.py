@@ -722,10 +722,10 @@ def check_shipped_drafter(report: Report, device: torch.device) -> None:
 # ------------------------------------------------------------------------------------------------ plugins
 
 
-def check_plugins(report: Report, device: torch.device, mode: str, work: Path) -> Path | None:
-    """Build the plugin library for this GPU with cmake, run its CUDA kernels on the GPU against the Python reference,
-    then the plugin tests against the fresh build. Returns the CUDA library's path (None when none was built)."""
-    build = work / "plugins-build"
+def check_plugins(report: Report, device: torch.device, mode: str, build: Path) -> Path | None:
+    """Build the plugin library for this GPU with cmake into ``build``, run its CUDA kernels on the GPU against the
+    Python reference, then the plugin tests against the fresh build. Returns the CUDA library's path (None when none
+    was built)."""
     library: Path | None = None
     with report.check("plugins/cmake") as c:
         missing = [what for what, ok in (("a CUDA device", device.type == "cuda"), ("nvcc", shutil.which("nvcc")),
@@ -986,6 +986,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="timed steps per ms-per-stage figure (default 5; --tiny 1)")
     ap.add_argument("--plugins", choices=["auto", "on", "off"], default="auto",
                     help="build and check the plugin library (auto: when CUDA, nvcc and cmake are there)")
+    ap.add_argument("--plugins_dir", default=None,
+                    help="build the plugin library here and keep it (default: a scratch folder, removed at the end); "
+                         "point DFLASH_PLUGIN_LIB at it to run the runtime with it afterwards")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's; --tiny on a CPU: 1, faster for tiny models)")
     ap.add_argument("--out", default="gpu_check_out", help="directory for the JSON file and scratch files")
@@ -1036,7 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             for dtype_name in args.dtypes:
                 run_target(report, shape, getattr(torch, dtype_name), device, args, Path(scratch))
-        cuda_library = check_plugins(report, device, args.plugins, Path(scratch))
+        build = Path(args.plugins_dir) if args.plugins_dir else Path(scratch) / "plugins-build"
+        cuda_library = check_plugins(report, device, args.plugins, build)
         check_fused_tree(report, device, args, cuda_library, Path(scratch))
     report.write()
     failed = report.failed()

