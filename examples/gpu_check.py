@@ -71,7 +71,8 @@ from tensorrt_llm_dflash import fused_tree, kernels  # noqa: E402
 from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR  # noqa: E402
 from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids  # noqa: E402
 from tensorrt_llm_dflash.decode import GenerationResult, speculative_generate  # noqa: E402
-from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS  # noqa: E402
+from tensorrt_llm_dflash.device_lookup import Grafted  # noqa: E402
+from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS, DevicePolicy  # noqa: E402
 from tensorrt_llm_dflash.device_tree import build_ddtree_device  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter, save_dflash_drafter  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashInputError  # noqa: E402
@@ -824,7 +825,8 @@ def time_build(build: Callable[[], Any], device: torch.device, repeats: int) -> 
 def check_fused_tree(report: Report, device: torch.device, args: argparse.Namespace, cuda_library: Path | None,
                      work: Path) -> None:
     """The fused DDTree build (``fused_tree``: the plugin library's one launch) on this device: bit for bit the tensor
-    ops' tree on random marginals (ties, -inf, depth limits; batches of 1 to 16; budgets to 255), both timed at the
+    ops' tree on random marginals (ties, -inf, depth limits; batches of 1 to 16; budgets to 255), and the fused path
+    values on those trees bit for bit the depth rounds'; both builds timed at the
     cost-aware pool's shape (63 nodes, 15 depths: in a CUDA graph on CUDA), and the default decoder with it decoding
     the same tokens, acceptance lengths and tree sizes as with the tensor ops, its tree-build stage timed both ways.
     On CUDA it needs the library ``plugins/cmake`` built; on a CPU the CPU library (skipped where neither is, and with
@@ -844,6 +846,7 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
             except DFlashInputError as err:
                 raise (RuntimeError(str(err)) if device.type == "cuda" else Skip(str(err))) from None
         rng = np.random.default_rng(0)
+        policy = DevicePolicy(16, POLICY_BUCKETS, device)
         trees = nodes = 0
         for turn in range(48):
             batch = (1, 4, 16)[turn % 3]
@@ -859,6 +862,13 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
                 if not torch.equal(getattr(fused, name), getattr(ops, name)):
                     raise Mismatch(f"fused DDTree build: {name} differs from the tensor ops (turn {turn}, batch "
                                    f"{batch}, depth {depth}, k {k}, budget {budget})")
+            # The cost-aware tree's path values on it (random conditionals): one pass against the depth rounds.
+            cond = torch.where(ops.parents < 0, 1.0, torch.rand(ops.tokens.shape, dtype=torch.float64, device=device))
+            candidates = Grafted(ops, cond, torch.zeros_like(ops.valid))
+            with fused_tree_mode("on"):
+                one_pass = policy.path_values(candidates, depth, fused=True)
+            if not torch.equal(one_pass, policy.path_values(candidates, depth, fused=False)):
+                raise Mismatch(f"fused path values differ from the depth rounds (turn {turn}, batch {batch})")
             trees += batch
             nodes += int(ops.num_nodes.sum())
         c.figures.update(backend=where, trees=trees, nodes=nodes)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import fused_tree
 from .device_lookup import DeviceBranches, Grafted
 from .device_tree import DeviceTree
 from .policy import DRAFT_EDGES, LOOKUP_EDGES, Calibrator
@@ -161,10 +162,16 @@ class DevicePolicy:
         rows, bins = self._lookup_bins(offsets, branches.ngram[:, None, None])
         return torch.where(branches.tokens >= 0, self.lookup_table[rows, bins].clamp(0.0, 1.0), 0.0)
 
-    def path_values(self, candidates: Grafted, max_depth: int) -> torch.Tensor:
-        """P(path root..i accepted) per node: the product of the conditionals, one depth at a time."""
+    def path_values(self, candidates: Grafted, max_depth: int, fused: bool | None = None) -> torch.Tensor:
+        """P(path root..i accepted) per node: the product of the conditionals, one depth at a time (every node at
+        most ``max_depth`` deep; the candidates are in parent-first order). ``fused``: one pass per row in the
+        plugin library (``fused_tree.path_sums``, the same additions) where ``DFLASH_FUSED_TREE`` allows (None),
+        required (True), or the rounds of tensor ops (False)."""
         tree = candidates.tree
         log_c = torch.log(torch.where(tree.valid, candidates.cond, 0.0))  # 0 for the root, -inf for padding
+        where = fused_tree.backend(log_c.device) if fused is not False else None
+        if where is not None or fused:
+            return torch.exp(fused_tree.path_sums(log_c, tree.parents, where=where))
         log_v = log_c.clone()
         parents = tree.parents.clamp(min=0)
         for _ in range(max_depth):  # after d rounds every node of depth <= d holds its path sum

@@ -8,7 +8,9 @@ search as one best-first heap per row (``plugins/include/dflash/ddtree_core.h``)
 library (``libdflash_plugins_cuda.so``) as one kernel, one thread per row, and the CPU library
 (``libdflash_plugins_cpu.so``) as the same body row after row. Both produce exactly
 :class:`~tensorrt_llm_dflash.device_tree.DeviceTree`'s layout, node for node and bit for bit as the
-tensor ops and ``tree.build_ddtree`` do (``tests/test_fused_tree.py``).
+tensor ops and ``tree.build_ddtree`` do (``tests/test_fused_tree.py``). The cost-aware tree's path
+values get the same treatment (:func:`path_sums`: one pass per row for ``device_policy.path_values``'s
+depth-by-depth rounds, ~60 ops).
 
 Which build runs is :data:`FUSED_TREE_ENV` (``DFLASH_FUSED_TREE``):
 
@@ -72,11 +74,13 @@ def load_cuda_library() -> ctypes.CDLL | None:
         except OSError:  # no CUDA runtime on this machine
             continue
         build = getattr(lib, "dflash_ddtree_build_cuda", None)
-        if build is None:
+        sums = getattr(lib, "dflash_path_sums_cuda", None)
+        if build is None or sums is None:
             continue
-        build.restype = ctypes.c_int32
-        build.argtypes = ([ctypes.c_void_p] * 4 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 7
-                          + [ctypes.POINTER(kernels._ErrorDetail)])
+        detail = ctypes.POINTER(kernels._ErrorDetail)
+        build.restype = sums.restype = ctypes.c_int32
+        build.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 7 + [detail]
+        sums.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [ctypes.c_void_p] * 2 + [detail]
         _cuda_library = lib
         break
     return _cuda_library
@@ -147,3 +151,30 @@ def build_ddtree_fused(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tok
         code = lib.dflash_ddtree_build_cpu(*pointers, batch, depth, k, budget, *outputs, ctypes.byref(detail))
     kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
     return DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)
+
+
+def path_sums(values: torch.Tensor, parents: torch.Tensor, *, where: str | None = None) -> torch.Tensor:
+    """Per row of trees in parent-first order (every parent's column before its child's): ``out[i] = values[i]``
+    at a root (parent < 0), ``values[i] + out[parent[i]]`` elsewhere, in float64: ``device_policy.path_values``'s
+    sums of log-conditionals, one pass instead of one round per depth (the same additions, so the same bits).
+    ``where``: the library (``backend``'s answer; default: ask it)."""
+    import torch
+
+    where = backend(values.device) if where is None else where
+    if where is None:
+        raise DFlashInputError(f"the fused path sums do not run on {values.device} here ({FUSED_TREE_ENV}={mode()})")
+    batch, n = (int(x) for x in values.shape)
+    values = values.to(torch.float64).contiguous()
+    parents = parents.to(torch.long).contiguous()
+    out = torch.empty_like(values)
+    detail = kernels._ErrorDetail()
+    pointers = (values.data_ptr(), parents.data_ptr())
+    if where == "cuda-library":
+        stream = torch.cuda.current_stream(values.device).cuda_stream
+        code = load_cuda_library().dflash_path_sums_cuda(*pointers, batch, n, out.data_ptr(), stream,
+                                                         ctypes.byref(detail))
+    else:
+        code = kernels.load_library().dflash_path_sums_cpu(*pointers, batch, n, out.data_ptr(), ctypes.byref(detail))
+    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+    return out
+

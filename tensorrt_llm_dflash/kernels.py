@@ -103,6 +103,7 @@ _SIGNATURES = {
     ),
     "dflash_max_ddtree_budget": (_i32, []),
     "dflash_ddtree_build_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 4 + [ctypes.c_void_p] * 6 + [_DETAILP]),
+    "dflash_path_sums_cpu": (_i32, [ctypes.c_void_p] * 2 + [_i32] * 2 + [ctypes.c_void_p, _DETAILP]),
     "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _i32, _I32P, _I32P, _I32P]),
     "dflash_emulate_kv_compact_linear_kernel": (
         _i32,
@@ -263,8 +264,8 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
         ),
         ERR_CUDA: f"a CUDA call failed with cudaError_t {value}",
         ERR_DDTREE_SHAPE: (
-            f"{('budget', 'depth', 'k')[index] if 0 <= index < 3 else 'shape'}={value} is out of range for the fused "
-            f"DDTree build (budget 0..{context.get('max_budget', '?')}, depth and k >= 0)"
+            f"{('budget', 'depth', 'k', 'nodes')[index] if 0 <= index < 4 else 'shape'}={value} is out of range for "
+            f"the fused tree kernels (budget 0..{context.get('max_budget', '?')}, depth, k and nodes >= 0)"
         ),
     }
     message = messages.get(code)

@@ -116,7 +116,7 @@ def test_on_without_a_library_is_a_clear_error_and_auto_falls_back(monkeypatch):
 
 def test_the_library_refuses_a_bad_shape_naming_the_field(cpu_library):
     lp, tokens, roots = marginals(np.random.default_rng(2), 1, 4, 5)
-    with pytest.raises(DFlashInputError, match=r"budget=256 is out of range for the fused DDTree build \(budget 0..255"):
+    with pytest.raises(DFlashInputError, match=r"budget=256 is out of range for the fused tree kernels \(budget 0..255"):
         fused_tree.build_ddtree_fused(roots, lp, tokens, 256, where="cpu-library")
     with pytest.raises(DFlashInputError, match=r"with budget 256 here"):
         build_ddtree_device(roots, lp, tokens, 256, fused=True)
@@ -155,3 +155,47 @@ def test_the_graphed_decoder_decodes_the_same_with_the_fused_build(monkeypatch, 
     assert runs["on"].stats.acceptance_lengths == runs["off"].stats.acceptance_lengths
     assert runs["on"].stats.tree_sizes == runs["off"].stats.tree_sizes
     assert max(runs["on"].stats.acceptance_lengths) >= 4  # trees were verified and accepted
+
+
+def test_path_values_in_one_pass_equal_the_rounds_bit_for_bit():
+    """``DevicePolicy.path_values`` on candidate trees (a DDTree pool with lookup branches grafted, batches of 1-8,
+    rows with fewer nodes and padding): the library's one pass per row gives the rounds' bits, and
+    ``expected_tokens`` and ``select`` see the same values."""
+    from tensorrt_llm_dflash.device_lookup import DeviceBranches, Grafted, graft_device
+    from tensorrt_llm_dflash.device_policy import DevicePolicy
+
+    rng = np.random.default_rng(9)
+    policy = DevicePolicy(16, (2, 4, 8, 16, 32, 64), CPU, lookup_rows=6)
+    for turn in range(40):
+        batch, depth, k, width = (1, 3, 8)[turn % 3], int(rng.integers(1, 16)), int(rng.integers(1, 40)), 6
+        lp, tokens, roots = marginals(rng, batch, depth, k, ties=turn % 4 == 0)
+        tokens = tokens % 50  # small vocabulary: branches share pool nodes
+        pool = build_ddtree_device(roots, lp, tokens, 63, torch.tensor(rng.integers(0, depth + 1, size=batch)))
+        branch_tokens = torch.tensor(rng.integers(-1, 50, size=(batch, 2, width)))
+        branch_tokens = torch.where(branch_tokens.cummin(-1).values < 0, -1, branch_tokens)  # -1 only at the end
+        branches = DeviceBranches(branch_tokens, (branch_tokens >= 0).sum(-1), torch.ones(batch, dtype=torch.long))
+        grafted = graft_device(pool, policy.draft_conditional(pool), branches,
+                               torch.tensor(rng.uniform(0.05, 0.95, size=(batch, 2, width))))
+        assert isinstance(grafted, Grafted)
+        rounds = max(depth, width)
+        fused = policy.path_values(grafted, rounds, fused=None)
+        ops = policy.path_values(grafted, rounds, fused=False)
+        assert fused.dtype == ops.dtype == torch.float64 and torch.equal(fused, ops)
+        assert torch.equal(policy.expected_tokens(fused), policy.expected_tokens(ops))
+
+
+def test_path_sums_mark_a_parent_after_its_child():
+    values = torch.tensor([[0.0, -1.0, -2.0, -0.5]])
+    sums = fused_tree.path_sums(values, torch.tensor([[-1, 0, 1, 1]]))
+    assert sums.tolist() == [[0.0, -1.0, -3.0, -1.5]]
+    broken = fused_tree.path_sums(values, torch.tensor([[-1, 2, 0, 3]]))  # node 1 under node 2, node 3 under itself
+    assert broken[0, 0] == 0.0 and broken[0, 2] == -2.0 and torch.isnan(broken[0, 1]) and torch.isnan(broken[0, 3])
+
+
+def test_path_sums_refuse_a_negative_node_count(cpu_library):
+    detail = kernels._ErrorDetail()
+    assert cpu_library.dflash_path_sums_cpu(None, None, 1, -2, None, ctypes.byref(detail)) == kernels.ERR_DDTREE_SHAPE
+    assert (detail.index, detail.value) == (3, -2)
+    with pytest.raises(DFlashInputError, match=r"nodes=-2 is out of range"):
+        kernels._raise_for(kernels.ERR_DDTREE_SHAPE, detail, {"max_budget": fused_tree.MAX_BUDGET})
+    assert cpu_library.dflash_path_sums_cpu(None, None, 0, 5, None, ctypes.byref(detail)) == kernels.OK

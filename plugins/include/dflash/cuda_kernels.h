@@ -46,4 +46,9 @@ cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int
     int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores,
     cudaStream_t stream);
 
+//! Path sums (ddtree_core.h, pathSumsRow): one thread per row; cudaErrorInvalidValue where pathSumsShapeError
+//! refuses the shape.
+cudaError_t launchPathSums(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
+    cudaStream_t stream);
+
 } // namespace dflash

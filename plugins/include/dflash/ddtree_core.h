@@ -233,6 +233,48 @@ inline int32_t ddtreeShapeError(int32_t batch, int32_t depth, int32_t k, int32_t
     return DFLASH_OK;
 }
 
+//! Path sums of one row of a tree in parent-first order (every parent's column before its child's):
+//! out[i] = values[i] for a root (parent < 0), values[i] + out[parent] otherwise: one float64 addition per
+//! node, so the same value as the depth-by-depth rounds of device_policy.path_values (which add the same
+//! two numbers once the parent's sum is final). A parent at or after its child breaks the contract: NaN.
+DFLASH_HD void pathSumsRow(double const* values, int64_t const* parents, int32_t n, double* out)
+{
+    for (int32_t i = 0; i < n; ++i)
+    {
+        int64_t const parent = parents[i];
+        if (parent < 0)
+        {
+            out[i] = values[i];
+        }
+        else if (parent < i)
+        {
+            out[i] = values[i] + out[parent];
+        }
+        else
+        {
+            out[i] = __builtin_nan("");
+        }
+    }
+}
+
+//! The path-sum launch's arguments checked: DFLASH_OK, or the code with `index` (3: nodes; -1: batch) and `value`.
+inline int32_t pathSumsShapeError(int32_t batch, int32_t n, int32_t* index, int64_t* value)
+{
+    if (batch < 0)
+    {
+        *index = -1;
+        *value = batch;
+        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
+    }
+    if (n < 0)
+    {
+        *index = 3;
+        *value = n;
+        return DFLASH_ERR_DDTREE_SHAPE;
+    }
+    return DFLASH_OK;
+}
+
 //! Thread `row` of the kernel: one batch row, inputs [batch, depth, k], outputs [batch, budget + 1].
 DFLASH_HD void ddtreeRowThread(int32_t row, double const* logprobs, int64_t const* tokens, int64_t const* roots,
     int64_t const* maxDepth, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens, int64_t* outParents,

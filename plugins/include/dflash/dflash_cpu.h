@@ -83,6 +83,11 @@ DFLASH_API int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t 
     int64_t* tokens, int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
     DFlashErrorDetail* detail);
 
+//! Path sums per row of trees in parent-first order (ddtree_core.h, pathSumsRow): values, parents and out
+//! [batch, n]; out[i] = values[i] (+ out[parents[i]] when parents[i] >= 0). device_policy.path_values's sum.
+DFLASH_API int32_t dflash_path_sums_cpu(double const* values, int64_t const* parents, int32_t batch, int32_t n,
+    double* out, DFlashErrorDetail* detail);
+
 //! Largest budget dflash_ddtree_build_cpu / _cuda take (dflash::kMaxDDTreeBudget).
 DFLASH_API int32_t dflash_max_ddtree_budget(void);
 

@@ -41,6 +41,10 @@ DFLASH_API int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t
     int64_t* tokens, int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
     void* stream, DFlashErrorDetail* detail);
 
+//! Path sums on the device (dflash_path_sums_cpu's arguments, device memory, one thread per row, asynchronous).
+DFLASH_API int32_t dflash_path_sums_cuda(double const* values, int64_t const* parents, int32_t batch, int32_t n,
+    double* out, void* stream, DFlashErrorDetail* detail);
+
 #ifdef __cplusplus
 }
 #endif

@@ -37,7 +37,7 @@ char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "pool mapping refers to a pool or layer that does not exist",
     "a block offset points outside its pool, or the pool pointer is null",
     "a CUDA call failed (the detail's value is the cudaError_t)",
-    "DDTree budget, depth or rank count is out of range",
+    "DDTree budget, depth, rank count or node count is out of range",
 };
 
 //! Validate all sequences' accepted paths; capacity is the per-sequence slot count.
@@ -402,6 +402,29 @@ int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk
     {
         dflash::ddtreeRowThread(row, topk_logprobs, topk_tokens, roots, max_depth, depth, k, budget, tokens, parents,
             depths, valid, num_nodes, scores);
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_path_sums_cpu(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
+    DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::pathSumsShapeError(batch, n, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return reportError(detail, code, -1, index, value);
+    }
+    if (batch > 0 && n > 0 && (values == nullptr || parents == nullptr || out == nullptr))
+    {
+        return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+    }
+    for (int32_t row = 0; row < batch; ++row) // the kernel's threads, one after another
+    {
+        int64_t const offset = static_cast<int64_t>(row) * n;
+        dflash::pathSumsRow(values + offset, parents + offset, n, out + offset);
     }
     return DFLASH_OK;
 }

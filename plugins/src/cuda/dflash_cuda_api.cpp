@@ -71,4 +71,17 @@ int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* top
         detail);
 }
 
+int32_t dflash_path_sums_cuda(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
+    void* stream, DFlashErrorDetail* detail)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::pathSumsShapeError(batch, n, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return dflash::reportError(detail, code, -1, index, value);
+    }
+    return statusOf(dflash::launchPathSums(values, parents, batch, n, out, static_cast<cudaStream_t>(stream)), detail);
+}
+
 } // extern "C"
