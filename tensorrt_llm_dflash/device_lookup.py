@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import fused_tree
 from .device_tree import DeviceTree, _jump_rounds
 
 
@@ -39,13 +40,22 @@ class DeviceBranches:
 
 
 def lookup_device(history: torch.Tensor, length: torch.Tensor, max_tokens: int, limit: torch.Tensor | None = None,
-                  max_ngram: int = 4, min_ngram: int = 1, max_branches: int = 2) -> DeviceBranches:
+                  max_ngram: int = 4, min_ngram: int = 1, max_branches: int = 2, *,
+                  fused: bool | None = None) -> DeviceBranches:
     """Branches of ``lookup_branches(history[b, :length[b]], min(max_tokens, limit[b]), max_ngram, min_ngram,
     max_branches)`` for every row ``b``.
 
-    ``history`` int64 [B, C] (tokens >= 0 up to ``length``, anything after); ``length`` int64 [B];
+    ``history`` int64 [B, C] (tokens >= 0 up to ``length`` <= C, anything after); ``length`` int64 [B];
     ``max_tokens`` (static) the longest branch, T; ``limit`` int64 [B] a per-row cap on top (None: T).
+    ``fused``: the plugin library's scan per row (:func:`fused_tree.lookup`, the same branches) where
+    ``DFLASH_FUSED_TREE`` allows (None), required (True), or the tensor ops below (False); a shape that holds no
+    branch (no tokens, no branches, no n-gram length) takes the tensor ops either way.
     """
+    if int(max_tokens) > 0 and int(max_branches) > 0 and int(max_ngram) >= max(int(min_ngram), 1):
+        where = fused_tree.backend(history.device) if fused is not False else None
+        if where is not None or fused:
+            return fused_tree.lookup(history, length, max_tokens, limit, max_ngram, min_ngram, max_branches,
+                                     where=where)
     batch, capacity = history.shape
     device = history.device
     width, branches = int(max_tokens), int(max_branches)
@@ -105,8 +115,16 @@ class Grafted:
 
 
 def graft_device(pool: DeviceTree, pool_cond: torch.Tensor, branches: DeviceBranches,
-                 branch_cond: torch.Tensor) -> Grafted:
-    """Graft ``branches`` (conditional acceptance ``branch_cond`` [B, R, T] per branch token) under the root."""
+                 branch_cond: torch.Tensor, *, fused: bool | None = None) -> Grafted:
+    """Graft ``branches`` (conditional acceptance ``branch_cond`` [B, R, T] per branch token) under the root.
+
+    ``fused``: the plugin library's pass per row (:func:`fused_tree.graft`, the same result for a float64
+    ``pool_cond`` and a pool whose siblings never repeat a token) where ``DFLASH_FUSED_TREE`` allows (None),
+    required (True), or the tensor ops below (False)."""
+    if branches.tokens.shape[1] > 0 and branches.tokens.shape[2] > 0 and pool_cond.dtype == torch.float64:
+        where = fused_tree.backend(pool.tokens.device) if fused is not False else None
+        if where is not None or fused:
+            return fused_tree.graft(pool, pool_cond, branches, branch_cond, where=where)
     batch, pool_size = pool.tokens.shape
     _, count, width = branches.tokens.shape
     device = pool.tokens.device

@@ -258,8 +258,8 @@ def visibility_device(tree: DeviceTree, max_depth: int | None = None) -> torch.T
     return eye | (vis & tree.valid[:, :, None])
 
 
-def walk_device(tree: DeviceTree, choices: torch.Tensor, max_path: int) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                 torch.Tensor]:
+def walk_device(tree: DeviceTree, choices: torch.Tensor, max_path: int, *,
+                fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Follow the target's choices (``choices[b, i]``: its token after node i) from the root.
 
     Returns ``path`` int64 [B, max_path] (accepted nodes in depth order, padded by repeating the last
@@ -269,7 +269,14 @@ def walk_device(tree: DeviceTree, choices: torch.Tensor, max_path: int) -> tuple
 
     A node is accepted iff every node on its path below the root matches the target's choice at its
     parent; that AND over the path is taken by pointer doubling in ``bit_length(max_path - 1)`` rounds.
+
+    ``fused``: the plugin library's scan per row (:func:`fused_tree.walk`, the same result on trees whose
+    ``depths`` count their ancestors) where ``DFLASH_FUSED_TREE`` allows (None), required (True), or the tensor
+    ops below (False).
     """
+    where = fused_tree.backend(tree.tokens.device) if fused is not False else None
+    if where is not None or fused:
+        return fused_tree.walk(tree, choices, max_path, where=where)
     batch, n = tree.tokens.shape
     device = tree.tokens.device
     parents = tree.parents.clamp(min=0)

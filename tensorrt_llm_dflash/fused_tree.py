@@ -10,7 +10,9 @@ library (``libdflash_plugins_cuda.so``) as one kernel, one thread per row, and t
 :class:`~tensorrt_llm_dflash.device_tree.DeviceTree`'s layout, node for node and bit for bit as the
 tensor ops and ``tree.build_ddtree`` do (``tests/test_fused_tree.py``). The cost-aware tree's path
 values get the same treatment (:func:`path_sums`: one pass per row for ``device_policy.path_values``'s
-depth-by-depth rounds, ~60 ops).
+depth-by-depth rounds, ~60 ops), and so does the verifier's walk (:func:`walk`: ``device_tree.walk_device``'s
+result from one scan per row instead of pointer doubling, ~45 ops), and the prompt-lookup branches and their
+grafting (:func:`lookup`, :func:`graft`: ``device_lookup``'s results, ~90 and ~80 ops).
 
 Which build runs is :data:`FUSED_TREE_ENV` (``DFLASH_FUSED_TREE``):
 
@@ -45,6 +47,12 @@ CUDA_LIBRARY_NAME = "libdflash_plugins_cuda.so"
 #: Must equal dflash::kMaxDDTreeBudget (plugins/include/dflash/ddtree_core.h); the tests check it.
 MAX_BUDGET = 255
 
+#: dflash_lookup_{cpu,cuda} and dflash_graft_{cpu,cuda} arguments before the CUDA stream and the detail.
+LOOKUP_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32] + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 5 \
+    + [ctypes.c_void_p] * 3
+GRAFT_ARGS = [ctypes.c_void_p] * 7 + [ctypes.c_int32] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 \
+    + [ctypes.c_void_p] * 9
+
 _cuda_library: ctypes.CDLL | None = None
 _cuda_searched = False
 
@@ -75,12 +83,18 @@ def load_cuda_library() -> ctypes.CDLL | None:
             continue
         build = getattr(lib, "dflash_ddtree_build_cuda", None)
         sums = getattr(lib, "dflash_path_sums_cuda", None)
-        if build is None or sums is None:
+        walk_fn = getattr(lib, "dflash_walk_cuda", None)
+        lookup_fn, graft_fn = getattr(lib, "dflash_lookup_cuda", None), getattr(lib, "dflash_graft_cuda", None)
+        if None in (build, sums, walk_fn, lookup_fn, graft_fn):
             continue
         detail = ctypes.POINTER(kernels._ErrorDetail)
-        build.restype = sums.restype = ctypes.c_int32
+        build.restype = sums.restype = walk_fn.restype = ctypes.c_int32
         build.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 7 + [detail]
         sums.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [ctypes.c_void_p] * 2 + [detail]
+        walk_fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 3 + [ctypes.c_void_p] * 4 + [detail]
+        lookup_fn.restype = graft_fn.restype = ctypes.c_int32
+        lookup_fn.argtypes = LOOKUP_ARGS + [ctypes.c_void_p, detail]
+        graft_fn.argtypes = GRAFT_ARGS + [ctypes.c_void_p, detail]
         _cuda_library = lib
         break
     return _cuda_library
@@ -177,4 +191,113 @@ def path_sums(values: torch.Tensor, parents: torch.Tensor, *, where: str | None 
         code = kernels.load_library().dflash_path_sums_cpu(*pointers, batch, n, out.data_ptr(), ctypes.byref(detail))
     kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
     return out
+
+
+def walk(tree: DeviceTree, choices: torch.Tensor, max_path: int, *,
+         where: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``device_tree.walk_device``'s ``(path, length, bonus)`` from one scan per row: from the root, into the first
+    valid child (lowest column) holding the target's choice, at most ``max_path`` nodes. ``where``: the library
+    (``backend``'s answer; default: ask it)."""
+    import torch
+
+    where = backend(tree.tokens.device) if where is None else where
+    if where is None:
+        raise DFlashInputError(f"the fused walk does not run on {tree.tokens.device} here ({FUSED_TREE_ENV}={mode()})")
+    batch, n = (int(x) for x in tree.tokens.shape)
+    device = tree.tokens.device
+    inputs = [t.contiguous() for t in (tree.tokens.to(torch.long), tree.parents.to(torch.long),
+                                        tree.valid.to(torch.bool), choices.to(torch.long))]
+    path = torch.empty(batch, int(max_path), dtype=torch.long, device=device)
+    length = torch.empty(batch, dtype=torch.long, device=device)
+    bonus = torch.empty(batch, dtype=torch.long, device=device)
+    pointers = [t.data_ptr() for t in inputs]
+    outputs = [t.data_ptr() for t in (path, length, bonus)]
+    detail = kernels._ErrorDetail()
+    if where == "cuda-library":
+        stream = torch.cuda.current_stream(device).cuda_stream
+        code = load_cuda_library().dflash_walk_cuda(*pointers, batch, n, int(max_path), *outputs, stream,
+                                                    ctypes.byref(detail))
+    else:
+        code = kernels.load_library().dflash_walk_cpu(*pointers, batch, n, int(max_path), *outputs,
+                                                      ctypes.byref(detail))
+    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+    return path, length, bonus
+
+
+def _call(where: str, name: str, device: torch.device, *args: object) -> None:
+    """Call ``dflash_<name>_cpu`` or ``dflash_<name>_cuda`` (on the current stream) and raise on a refused call."""
+    import torch
+
+    detail = kernels._ErrorDetail()
+    if where == "cuda-library":
+        stream = torch.cuda.current_stream(device).cuda_stream
+        code = getattr(load_cuda_library(), f"dflash_{name}_cuda")(*args, stream, ctypes.byref(detail))
+    else:
+        code = getattr(kernels.load_library(), f"dflash_{name}_cpu")(*args, ctypes.byref(detail))
+    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+
+
+def lookup(history: torch.Tensor, length: torch.Tensor, max_tokens: int, limit: torch.Tensor | None = None,
+           max_ngram: int = 4, min_ngram: int = 1, max_branches: int = 2, *, where: str | None = None):
+    """``device_lookup.lookup_device``'s branches from one scan per row (same arguments, the same
+    ``DeviceBranches``; ``max_tokens`` and ``max_branches`` at least 1, ``max_ngram >= max(min_ngram, 1)``)."""
+    import torch
+
+    from .device_lookup import DeviceBranches
+
+    where = backend(history.device) if where is None else where
+    if where is None:
+        raise DFlashInputError(f"the fused lookup does not run on {history.device} here ({FUSED_TREE_ENV}={mode()})")
+    batch, capacity = (int(x) for x in history.shape)
+    device = history.device
+    history = history.to(torch.long)
+    if history.stride(1) != 1:
+        history = history.contiguous()
+    lengths = length.to(torch.long).contiguous()
+    limits = None if limit is None else limit.to(torch.long).contiguous()
+    width, branches = int(max_tokens), int(max_branches)
+    tokens = torch.empty(batch, branches, width, dtype=torch.long, device=device)
+    branch_lengths = torch.empty(batch, branches, dtype=torch.long, device=device)
+    ngram = torch.empty(batch, dtype=torch.long, device=device)
+    _call(where, "lookup", device, history.data_ptr(), history.stride(0), capacity, lengths.data_ptr(),
+          None if limits is None else limits.data_ptr(), batch, width, int(max_ngram), max(int(min_ngram), 1),
+          branches, tokens.data_ptr(), branch_lengths.data_ptr(), ngram.data_ptr())
+    return DeviceBranches(tokens=tokens, lengths=branch_lengths, ngram=ngram)
+
+
+def graft(pool: DeviceTree, pool_cond: torch.Tensor, branches, branch_cond: torch.Tensor, *,
+          where: str | None = None):
+    """``device_lookup.graft_device``'s ``Grafted`` from one pass per row (same arguments and result; ``pool_cond``
+    float64, the pool's siblings never repeating a token, as a DDTree's do)."""
+    import torch
+
+    from .device_lookup import Grafted
+    from .device_tree import DeviceTree
+
+    where = backend(pool.tokens.device) if where is None else where
+    if where is None:
+        raise DFlashInputError(f"the fused graft does not run on {pool.tokens.device} here ({FUSED_TREE_ENV}={mode()})")
+    batch, pool_size = (int(x) for x in pool.tokens.shape)
+    count, width = (int(x) for x in branches.tokens.shape[1:])
+    device = pool.tokens.device
+    size = pool_size + count * width
+    inputs = [pool.tokens.to(torch.long), pool.parents.to(torch.long), pool.depths.to(torch.long),
+              pool.valid.to(torch.bool), pool.num_nodes.to(torch.long), pool.scores.to(torch.float64),
+              pool_cond.to(torch.float64)]
+    inputs = [t.contiguous() for t in inputs]
+    want = branches.tokens.to(torch.long).contiguous()
+    cond_in = branch_cond.to(torch.float64).contiguous()
+    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
+    parents, depths = torch.empty_like(tokens), torch.empty_like(tokens)
+    valid = torch.empty(batch, size, dtype=torch.bool, device=device)
+    num_nodes = torch.empty(batch, dtype=torch.long, device=device)
+    scores = torch.empty(batch, size, dtype=torch.float64, device=device)
+    cond = torch.empty_like(scores)
+    on_branch = torch.empty_like(valid)
+    scratch = torch.empty(batch, width, dtype=torch.long, device=device)
+    _call(where, "graft", device, *(t.data_ptr() for t in inputs), batch, pool_size, want.data_ptr(),
+          cond_in.data_ptr(), count, width,
+          *(t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores, cond, on_branch, scratch)))
+    tree = DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)
+    return Grafted(tree=tree, cond=cond, on_branch=on_branch)
 

@@ -59,6 +59,8 @@ ERR_POOL_MAPPING = 16
 ERR_BLOCK_OFFSET = 17
 ERR_CUDA = 18
 ERR_DDTREE_SHAPE = 19
+#: The field a DFLASH_ERR_DDTREE_SHAPE detail's index names (common.h).
+_SHAPE_FIELDS = ("budget", "depth", "k", "nodes", "max_path", "capacity", "width", "branches", "ngram")
 
 
 class PluginLibraryNotFound(FileNotFoundError):
@@ -104,6 +106,11 @@ _SIGNATURES = {
     "dflash_max_ddtree_budget": (_i32, []),
     "dflash_ddtree_build_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 4 + [ctypes.c_void_p] * 6 + [_DETAILP]),
     "dflash_path_sums_cpu": (_i32, [ctypes.c_void_p] * 2 + [_i32] * 2 + [ctypes.c_void_p, _DETAILP]),
+    "dflash_walk_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 3 + [ctypes.c_void_p] * 3 + [_DETAILP]),
+    "dflash_lookup_cpu": (_i32, [ctypes.c_void_p, _i64, _i32, ctypes.c_void_p, ctypes.c_void_p] + [_i32] * 5
+                          + [ctypes.c_void_p] * 3 + [_DETAILP]),
+    "dflash_graft_cpu": (_i32, [ctypes.c_void_p] * 7 + [_i32] * 2 + [ctypes.c_void_p] * 2 + [_i32] * 2
+                         + [ctypes.c_void_p] * 9 + [_DETAILP]),
     "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _i32, _I32P, _I32P, _I32P]),
     "dflash_emulate_kv_compact_linear_kernel": (
         _i32,
@@ -264,8 +271,9 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
         ),
         ERR_CUDA: f"a CUDA call failed with cudaError_t {value}",
         ERR_DDTREE_SHAPE: (
-            f"{('budget', 'depth', 'k', 'nodes')[index] if 0 <= index < 4 else 'shape'}={value} is out of range for "
-            f"the fused tree kernels (budget 0..{context.get('max_budget', '?')}, depth, k and nodes >= 0)"
+            f"{_SHAPE_FIELDS[index] if 0 <= index < len(_SHAPE_FIELDS) else 'shape'}={value} is out of range for the "
+            f"fused tree kernels (budget 0..{context.get('max_budget', '?')}, depth, k, nodes and capacity >= 0; the "
+            "walk's nodes and max_path, the lookup's width and branches >= 1; 1 <= min_ngram <= max_ngram)"
         ),
     }
     message = messages.get(code)

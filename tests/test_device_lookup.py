@@ -1,4 +1,7 @@
-"""Prompt-lookup branches on the device equal the numpy reference, and graft as CandidateTree grafts them."""
+"""Prompt-lookup branches on the device equal the numpy reference, and graft as CandidateTree grafts them.
+
+Each check runs both ways: the tensor ops (``fused=False``) and the plugin library's scan per row (``fused=True``,
+:mod:`tensorrt_llm_dflash.fused_tree`; the CPU library runs the CUDA kernels' bodies)."""
 
 from __future__ import annotations
 
@@ -6,20 +9,33 @@ import numpy as np
 import pytest
 import torch
 
+from tensorrt_llm_dflash import fused_tree
 from tensorrt_llm_dflash.device_lookup import graft_device, lookup_device
 from tensorrt_llm_dflash.device_tree import build_ddtree_device
 from tensorrt_llm_dflash.lookup import lookup_branches
 from tensorrt_llm_dflash.tree import DRAFTER, LOOKUP, CandidateTree, build_ddtree
 
 
+@pytest.fixture(params=[pytest.param(False, id="ops"), pytest.param(True, id="fused")])
+def fused(request, monkeypatch) -> bool:
+    """Each implementation in turn, ``DFLASH_FUSED_TREE`` unset; the fused one with the CPU plugin library built."""
+    monkeypatch.delenv(fused_tree.FUSED_TREE_ENV, raising=False)
+    if request.param:
+        from test_plugin_support import load_cpu_library
+
+        load_cpu_library()
+    return request.param
+
+
 def _device_rows(contexts: list[list[int]], capacity: int, max_tokens: int, limits: list[int],
-                 max_ngram: int, min_ngram: int, branches: int) -> list[list[tuple[list[int], int]]]:
+                 max_ngram: int, min_ngram: int, branches: int, fused: bool) -> list[list[tuple[list[int], int]]]:
     history = torch.full((len(contexts), capacity), -1, dtype=torch.long)
     for b, ctx in enumerate(contexts):
         history[b, : len(ctx)] = torch.tensor(ctx, dtype=torch.long)
         history[b, len(ctx):] = torch.randint(0, 3, (capacity - len(ctx),))  # stale tokens past the length
     length = torch.tensor([len(c) for c in contexts])
-    out = lookup_device(history, length, max_tokens, torch.tensor(limits), max_ngram, min_ngram, branches)
+    out = lookup_device(history, length, max_tokens, torch.tensor(limits), max_ngram, min_ngram, branches,
+                        fused=fused)
     rows = []
     for b in range(len(contexts)):
         rows.append([(out.tokens[b, r, : int(out.lengths[b, r])].tolist(), int(out.ngram[b]))
@@ -29,7 +45,7 @@ def _device_rows(contexts: list[list[int]], capacity: int, max_tokens: int, limi
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_device_lookup_equals_lookup_branches(seed: int) -> None:
+def test_device_lookup_equals_lookup_branches(seed: int, fused: bool) -> None:
     """Random histories over tiny vocabularies (many repeats), lengths 0..40, every cap and n-gram range."""
     rng = np.random.default_rng(seed)
     checked = 0
@@ -43,7 +59,7 @@ def test_device_lookup_equals_lookup_branches(seed: int) -> None:
         max_ngram = int(rng.integers(1, 6))
         min_ngram = int(rng.integers(1, max_ngram + 1))
         branches = int(rng.integers(1, 4))
-        got = _device_rows(contexts, capacity, max_tokens, limits, max_ngram, min_ngram, branches)
+        got = _device_rows(contexts, capacity, max_tokens, limits, max_ngram, min_ngram, branches, fused)
         for b, ctx in enumerate(contexts):
             want = lookup_branches(ctx, min(max_tokens, limits[b]), max_ngram, min_ngram, branches)
             assert got[b] == [(w.tokens, w.ngram) for w in want], (ctx, max_tokens, limits[b], max_ngram, min_ngram)
@@ -51,10 +67,10 @@ def test_device_lookup_equals_lookup_branches(seed: int) -> None:
     assert checked > 20  # most cases found branches: the comparison is not between empty lists
 
 
-def test_two_continuations_and_a_repeated_one() -> None:
+def test_two_continuations_and_a_repeated_one(fused: bool) -> None:
     """'a b X ... a b Y ... a b Y ... a b': the newest match gives Y, the repeat of Y is skipped, then X."""
     ctx = [1, 2, 7, 9, 1, 2, 8, 9, 1, 2, 8, 5, 1, 2]
-    got = _device_rows([ctx], 20, 3, [3], 4, 1, 3)[0]
+    got = _device_rows([ctx], 20, 3, [3], 4, 1, 3, fused)[0]
     assert got == [([8, 5, 1], 2), ([8, 9, 1], 2), ([7, 9, 1], 2)]
     assert got == [(w.tokens, w.ngram) for w in lookup_branches(ctx, 3, 4, 1, 3)]
 
@@ -74,7 +90,7 @@ def _grafted_paths(tree, cond, on_branch, b: int = 0) -> dict[tuple[int, ...], t
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_grafting_equals_candidate_tree_add_branch(seed: int) -> None:
+def test_grafting_equals_candidate_tree_add_branch(seed: int, fused: bool) -> None:
     """The grafted tree has CandidateTree's nodes, shared nodes keep the larger estimate, branch-only nodes are
     new; and the column order keeps CandidateTree's (pool first, then branches in order)."""
     rng = np.random.default_rng(100 + seed)
@@ -107,7 +123,7 @@ def test_grafting_equals_candidate_tree_add_branch(seed: int) -> None:
             toks[0, r, : len(br)] = torch.tensor(br)
             probs[0, r, : len(pr)] = torch.tensor(pr, dtype=torch.float64)
         grafted = graft_device(pool, cond, DeviceBranches(toks, (toks >= 0).sum(-1), torch.ones(1, dtype=torch.long)),
-                               probs)
+                               probs, fused=fused)
         got = _grafted_paths(grafted.tree, grafted.cond, grafted.on_branch)
         want = {}
         ref_paths: dict[int, tuple[int, ...]] = {0: ()}
@@ -124,7 +140,7 @@ def test_grafting_equals_candidate_tree_add_branch(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_device_selection_equals_the_eager_candidate_ranking(seed: int) -> None:
+def test_device_selection_equals_the_eager_candidate_ranking(seed: int, fused: bool) -> None:
     """Given the same conditionals, the device policy's verify set of every size is CandidateTree's: the
     ``size - 1`` best nodes by path value, ties parent-first (cases with a near-tie at the cut are skipped
     and counted: the device sums logs where the eager tree multiplies)."""
@@ -155,7 +171,7 @@ def test_device_selection_equals_the_eager_candidate_ranking(seed: int) -> None:
             toks[0, r, : len(br)] = torch.tensor(br)
             probs[0, r, : len(br)] = torch.from_numpy(pr)
         grafted = graft_device(pool, pool_cond, DeviceBranches(toks, (toks >= 0).sum(-1), torch.ones(1, dtype=torch.long)),
-                               probs)
+                               probs, fused=fused)
         values = policy.path_values(grafted, max(depth, width))
         order, ref_values = ref.ranked()
         for size in (2, 4, 8, 16, 32):

@@ -223,7 +223,7 @@ def _random_batch(rng: np.random.Generator, turn: int, rows: int) -> tuple[Devic
     return tree, lp.shape[1]
 
 
-def test_visibility_and_walk_equal_the_reference():
+def test_visibility_and_walk_equal_the_reference(fused):
     rng = np.random.default_rng(3)
     long_paths = 0
     for turn in range(150):
@@ -247,7 +247,7 @@ def test_visibility_and_walk_equal_the_reference():
             if turn % 3 == 0:  # padding nodes hang off the root: give them the root's choice as their token
                 tree.tokens[b, ref.num_nodes:] = int(choices[b, 0])
         for max_path in (depth + 1, size + 1):
-            path, length, bonus = walk_device(tree, torch.tensor(choices), max_path)
+            path, length, bonus = walk_device(tree, torch.tensor(choices), max_path, fused=fused)
             assert path.shape == (rows, max_path) and length.shape == bonus.shape == (rows,)
             for b, ref in enumerate(refs):
                 want_path, want_bonus = walk(ref, choices[b, : ref.num_nodes])
@@ -273,7 +273,7 @@ def test_path_sum_scores_decide_a_last_ulp_tie(fused):
         assert_same_tree(tree, 0, build_ddtree(5, lp, tokens, budget))
 
 
-def test_padding_is_never_accepted_even_when_its_token_matches():
+def test_padding_is_never_accepted_even_when_its_token_matches(fused):
     """Padding nodes hang off the root; with token -1, or with the root's own choice as their token, the walk
     accepts none of them (valid is False), in an otherwise empty tree and beside a real child."""
     tree = build_chain_device(torch.tensor([5, 5]), torch.tensor([[7], [7]]), torch.tensor([0, 1]), size=4)
@@ -282,15 +282,15 @@ def test_padding_is_never_accepted_even_when_its_token_matches():
         tree.tokens[:, 2:] = padding_token
         tree.tokens[0, 1] = padding_token
         choices = torch.full((2, 4), padding_token)
-        path, length, bonus = walk_device(tree, choices, 3)
+        path, length, bonus = walk_device(tree, choices, 3, fused=fused)
         assert length.tolist() == [1, 1] and path.tolist() == [[0, 0, 0], [0, 0, 0]]
         assert bonus.tolist() == [padding_token, padding_token]
     choices = torch.tensor([[7, 7, 7, 7], [7, 9, 9, 9]])
-    path, length, bonus = walk_device(tree, choices, 3)
+    path, length, bonus = walk_device(tree, choices, 3, fused=fused)
     assert length.tolist() == [1, 2] and path.tolist() == [[0, 0, 0], [0, 1, 1]] and bonus.tolist() == [7, 9]
 
 
-def test_the_walk_checks_the_whole_path_of_a_deep_chain():
+def test_the_walk_checks_the_whole_path_of_a_deep_chain(fused):
     """A chain of D draft tokens (D = 1..16) whose every node matches its parent's choice except at one break:
     the walk stops at the break, however deep the matching nodes below it go."""
     for depth in range(1, 17):
@@ -299,17 +299,17 @@ def test_the_walk_checks_the_whole_path_of_a_deep_chain():
         for broken in range(depth + 1):  # the node whose choice does not match its child
             choices = torch.cat([draft, torch.tensor([[7]])], dim=1)
             choices[0, broken] = 9
-            path, length, bonus = walk_device(chain, choices, depth + 1)
+            path, length, bonus = walk_device(chain, choices, depth + 1, fused=fused)
             assert int(length[0]) == broken + 1 and int(bonus[0]) == 9
             assert path[0].tolist() == list(range(broken + 1)) + [broken] * (depth - broken)
             want_path, want_bonus = walk(build_chain(1, draft[0].tolist()), choices[0].tolist())
             assert want_path == list(range(broken + 1)) and want_bonus == 9
 
 
-def test_the_walk_takes_the_first_of_two_matching_siblings():
+def test_the_walk_takes_the_first_of_two_matching_siblings(fused):
     tree = build_chain_device(torch.tensor([1]), torch.tensor([[4, 5]]))
     tree.tokens[0, 2], tree.parents[0, 2], tree.depths[0, 2] = 4, 0, 1  # a second child of the root, token 4
-    path, length, bonus = walk_device(tree, torch.tensor([[4, 9, 9]]), 3)
+    path, length, bonus = walk_device(tree, torch.tensor([[4, 9, 9]]), 3, fused=fused)
     assert path[0, :2].tolist() == [0, 1] and int(length[0]) == 2 and int(bonus[0]) == 9
 
 
@@ -331,11 +331,11 @@ def test_build_visibility_and_walk_read_nothing_on_the_host(fused):
             tree = build_ddtree_device(roots, values.float(), token_ids, budget, limits, fused=fused)
             vis = visibility_device(tree)
             vis_bounded = visibility_device(tree, depth)
-            path, length, bonus = walk_device(tree, choices, depth + 1)
+            path, length, bonus = walk_device(tree, choices, depth + 1, fused=fused)
             bucket = pad_tree(tree, budget + 9)
             chain = build_chain_device(roots, token_ids[:, :, 0], limits, size=16)
             chain_vis = visibility_device(chain)
-            chain_walk = walk_device(chain, choices[:, :1].expand(-1, 16), 16)
+            chain_walk = walk_device(chain, choices[:, :1].expand(-1, 16), 16, fused=fused)
         n = budget + 1
         assert tree.tokens.shape == tree.parents.shape == tree.depths.shape == tree.valid.shape == (rows, n)
         assert tree.scores.shape == (rows, n) and tree.num_nodes.shape == (rows,)

@@ -199,3 +199,57 @@ def test_path_sums_refuse_a_negative_node_count(cpu_library):
     with pytest.raises(DFlashInputError, match=r"nodes=-2 is out of range"):
         kernels._raise_for(kernels.ERR_DDTREE_SHAPE, detail, {"max_budget": fused_tree.MAX_BUDGET})
     assert cpu_library.dflash_path_sums_cpu(None, None, 0, 5, None, ctypes.byref(detail)) == kernels.OK
+
+
+def test_the_walk_refuses_an_empty_tree_or_path(cpu_library):
+    detail = kernels._ErrorDetail()
+    for args, field, value in (((1, 0, 4), 3, 0), ((1, 8, 0), 4, 0)):
+        code = cpu_library.dflash_walk_cpu(*[None] * 4, *args, *[None] * 3, ctypes.byref(detail))
+        assert (code, detail.index, detail.value) == (kernels.ERR_DDTREE_SHAPE, field, value)
+    with pytest.raises(DFlashInputError, match=r"max_path=0 is out of range"):
+        kernels._raise_for(kernels.ERR_DDTREE_SHAPE, detail, {"max_budget": fused_tree.MAX_BUDGET})
+
+
+def _lookup_inputs(rng: np.random.Generator, batch: int, capacity: int, vocab: int):
+    """Histories in a wider buffer (the decoder's ``history[:b, :window]`` is a view), stale tokens past each length."""
+    buffer = torch.tensor(rng.integers(0, vocab, size=(batch, capacity + 9)))
+    lengths = torch.tensor(rng.integers(0, capacity + 1, size=batch))
+    return buffer[:, :capacity], lengths
+
+
+def test_lookup_and_graft_equal_the_tensor_ops_bit_for_bit():
+    """Every output of ``lookup_device`` and ``graft_device`` (batches of 1-8, long histories over small vocabularies,
+    per-row limits, branch counts 1-3, widths 1-12) and the graft of a real DDTree pool with those branches."""
+    from tensorrt_llm_dflash.device_lookup import graft_device, lookup_device
+    from tensorrt_llm_dflash.device_policy import DevicePolicy
+
+    rng = np.random.default_rng(21)
+    policy = DevicePolicy(16, (2, 4, 8, 16, 32, 64), CPU, lookup_rows=12)
+    found = shared = 0
+    for turn in range(60):
+        batch, vocab = (1, 3, 8)[turn % 3], int(rng.integers(2, 12))
+        history, lengths = _lookup_inputs(rng, batch, int(rng.integers(1, 300)), vocab)
+        width, branches = int(rng.integers(1, 13)), int(rng.integers(1, 4))
+        max_ngram = int(rng.integers(1, 6))
+        min_ngram = int(rng.integers(0, max_ngram + 1))
+        limit = torch.tensor(rng.integers(-1, 14, size=batch)) if turn % 2 else None
+        args = (history, lengths, width, limit, max_ngram, min_ngram, branches)
+        fused, ops = lookup_device(*args, fused=True), lookup_device(*args, fused=False)
+        for name in ("tokens", "lengths", "ngram"):
+            assert torch.equal(getattr(fused, name), getattr(ops, name)), (turn, name)
+        found += int((ops.lengths > 0).sum())
+        # Graft them into a pool over the same small vocabulary, so branches and pool share prefixes.
+        depth = int(rng.integers(1, 12))
+        lp, tokens, roots = marginals(rng, batch, depth, vocab, ties=turn % 4 == 0)
+        tokens = torch.stack([torch.stack([torch.tensor(rng.permutation(vocab)) for _ in range(depth)])
+                              for _ in range(batch)])
+        pool = build_ddtree_device(roots, lp, tokens, int(rng.choice([3, 15, 63])))
+        pool_cond = policy.draft_conditional(pool)
+        branch_cond = policy.lookup_conditional(ops)
+        one, other = graft_device(pool, pool_cond, ops, branch_cond, fused=True), \
+            graft_device(pool, pool_cond, ops, branch_cond, fused=False)
+        for name in FIELDS:
+            assert torch.equal(getattr(one.tree, name), getattr(other.tree, name)), (turn, name)
+        assert torch.equal(one.cond, other.cond) and torch.equal(one.on_branch, other.on_branch), turn
+        shared += int((other.on_branch[:, : pool.size] & pool.valid).sum())  # branch nodes the pool already had
+    assert found > 60 and shared > 20  # branches were found and grafted onto pool nodes, not only beside them

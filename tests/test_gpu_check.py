@@ -82,6 +82,7 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
     assert checks["plugins/cmake"]["status"] == "skip" and "CUDA device" in checks["plugins/cmake"]["error"]
     fused = checks["fused-tree/equal"]["figures"]
     assert fused["backend"] == "cpu-library" and fused["trees"] == 16 * (1 + 4 + 16) and fused["nodes"] > fused["trees"]
+    assert fused["accepted_paths"] > 100 and fused["lookup_branches"] > 50  # real paths walked, branches grafted
     assert set(checks["fused-tree/ms"]["figures"]) == {"fused_ms@1", "ops_ms@1", "fused_ms@16", "ops_ms@16"}
     decoder = checks["fused-tree/decoder"]["figures"]
     assert decoder["equal_tensor_ops_0"] is True and decoder["equal_tensor_ops_1"] is True

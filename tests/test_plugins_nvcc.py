@@ -143,7 +143,7 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     library = ctypes.CDLL(str(BUILD_DIR / "libdflash_plugins_cuda.so"))
     for name in ("dflash_tree_mask_cuda", "dflash_kv_compact_linear_cuda", "dflash_kv_compact_paged_cuda",
-                 "dflash_ddtree_build_cuda", "dflash_path_sums_cuda"):
+                 "dflash_ddtree_build_cuda", "dflash_path_sums_cuda", "dflash_walk_cuda"):
         assert hasattr(library, name), name
     detail = kernels._ErrorDetail()
     fn = library.dflash_tree_mask_cuda
@@ -169,6 +169,10 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
     assert sums(None, None, 1, -2, None, None, ctypes.byref(detail)) == kernels.ERR_DDTREE_SHAPE
     assert (detail.index, detail.value) == (3, -2)
     assert sums(None, None, 0, 5, None, None, ctypes.byref(detail)) == kernels.OK
+    walk = library.dflash_walk_cuda
+    walk.restype = ctypes.c_int32
+    assert walk(*[None] * 4, 1, 8, 0, *[None] * 4, ctypes.byref(detail)) == kernels.ERR_DDTREE_SHAPE
+    assert (detail.index, detail.value) == (4, 0)
     if Path("/dev/nvidia0").exists():
         return  # a real launch on null pointers would fault the device: stop here
     code = fn(None, None, 1, 4, 4, None, None, None, None, ctypes.byref(detail))

@@ -51,4 +51,21 @@ cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int
 cudaError_t launchPathSums(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
     cudaStream_t stream);
 
+//! The walk (ddtree_core.h, walkRow): one thread per row; cudaErrorInvalidValue where walkShapeError refuses.
+cudaError_t launchWalk(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t maxPath, int64_t* path, int64_t* lengths,
+    int64_t* bonus, cudaStream_t stream);
+
+//! Lookup branches and grafting (lookup_core.h): one thread per row; cudaErrorInvalidValue where
+//! lookupShapeError / graftShapeError refuse the shape.
+cudaError_t launchLookup(int64_t const* history, int64_t rowStride, int32_t capacity, int64_t const* lengths,
+    int64_t const* limits, int32_t batch, int32_t width, int32_t maxNgram, int32_t minNgram, int32_t branches,
+    int64_t* tokens, int64_t* branchLengths, int64_t* ngram, cudaStream_t stream);
+
+cudaError_t launchGraft(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* numNodes, double const* scores, double const* poolCond, int32_t batch,
+    int32_t poolSize, int64_t const* branchTokens, double const* branchCond, int32_t branches, int32_t width,
+    int64_t* outTokens, int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes,
+    double* outScores, double* outCond, unsigned char* outOnBranch, int64_t* scratch, cudaStream_t stream);
+
 } // namespace dflash

@@ -257,6 +257,61 @@ DFLASH_HD void pathSumsRow(double const* values, int64_t const* parents, int32_t
     }
 }
 
+//! The verifier's walk over one row (device_tree.walk_device's result): from the root, follow the target's choice
+//! at each accepted node into the first valid child (lowest column) holding that token, while the path stays under
+//! `maxPath` nodes. outPath [maxPath]: the accepted nodes in depth order, padded by repeating the last one;
+//! outLength: how many (root included); outBonus: the target's choice at the last. Each row is scanned whole per
+//! step (no order assumed), at most maxPath times.
+DFLASH_HD void walkRow(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t n, int32_t maxPath, int64_t* outPath, int64_t* outLength, int64_t* outBonus)
+{
+    int64_t node = 0;
+    int32_t length = 1;
+    outPath[0] = 0;
+    while (length < maxPath)
+    {
+        int64_t const want = choices[node];
+        int64_t next = -1;
+        for (int32_t c = 0; c < n && next < 0; ++c)
+        {
+            if (valid[c] && parents[c] == node && c != node && tokens[c] == want)
+            {
+                next = c;
+            }
+        }
+        if (next < 0)
+        {
+            break;
+        }
+        outPath[length++] = next;
+        node = next;
+    }
+    for (int32_t i = length; i < maxPath; ++i)
+    {
+        outPath[i] = node;
+    }
+    *outLength = length;
+    *outBonus = choices[node];
+}
+
+//! The walk launch's arguments checked: DFLASH_OK, or the code with `index` (3: nodes, 4: max_path; -1: batch).
+inline int32_t walkShapeError(int32_t batch, int32_t n, int32_t maxPath, int32_t* index, int64_t* value)
+{
+    if (batch < 0)
+    {
+        *index = -1;
+        *value = batch;
+        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
+    }
+    if (n < 1 || maxPath < 1)
+    {
+        *index = n < 1 ? 3 : 4;
+        *value = n < 1 ? n : maxPath;
+        return DFLASH_ERR_DDTREE_SHAPE;
+    }
+    return DFLASH_OK;
+}
+
 //! The path-sum launch's arguments checked: DFLASH_OK, or the code with `index` (3: nodes; -1: batch) and `value`.
 inline int32_t pathSumsShapeError(int32_t batch, int32_t n, int32_t* index, int64_t* value)
 {

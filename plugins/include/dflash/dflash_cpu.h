@@ -88,6 +88,30 @@ DFLASH_API int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t 
 DFLASH_API int32_t dflash_path_sums_cpu(double const* values, int64_t const* parents, int32_t batch, int32_t n,
     double* out, DFlashErrorDetail* detail);
 
+//! The verifier's walk per row (ddtree_core.h, walkRow; device_tree.walk_device's result): tokens, parents,
+//! valid (bytes) and choices [batch, n]; outputs path [batch, max_path], lengths and bonus [batch].
+DFLASH_API int32_t dflash_walk_cpu(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t max_path, int64_t* path, int64_t* lengths,
+    int64_t* bonus, DFlashErrorDetail* detail);
+
+//! Prompt-lookup branches per row (lookup_core.h, lookupRow; device_lookup.lookup_device's result): history rows
+//! `row_stride` apart with `capacity` readable tokens each, lengths [batch], limits [batch] or null (a per-row cap
+//! on the width); outputs tokens [batch, branches, width], branch_lengths [batch, branches], ngram [batch].
+DFLASH_API int32_t dflash_lookup_cpu(int64_t const* history, int64_t row_stride, int32_t capacity,
+    int64_t const* lengths, int64_t const* limits, int32_t batch, int32_t width, int32_t max_ngram,
+    int32_t min_ngram, int32_t branches, int64_t* tokens, int64_t* branch_lengths, int64_t* ngram,
+    DFlashErrorDetail* detail);
+
+//! The branches grafted into the pool per row (lookup_core.h, graftRow; device_lookup.graft_device's result): pool
+//! [batch, pool_size] (+ num_nodes [batch]), branch tokens and conditionals [batch, branches, width]; outputs
+//! [batch, pool_size + branches * width] (+ out_num_nodes [batch]); scratch [batch, width].
+DFLASH_API int32_t dflash_graft_cpu(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* num_nodes, double const* scores, double const* pool_cond,
+    int32_t batch, int32_t pool_size, int64_t const* branch_tokens, double const* branch_cond, int32_t branches,
+    int32_t width, int64_t* out_tokens, int64_t* out_parents, int64_t* out_depths, unsigned char* out_valid,
+    int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
+    DFlashErrorDetail* detail);
+
 //! Largest budget dflash_ddtree_build_cpu / _cuda take (dflash::kMaxDDTreeBudget).
 DFLASH_API int32_t dflash_max_ddtree_budget(void);
 

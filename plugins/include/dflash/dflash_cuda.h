@@ -45,6 +45,25 @@ DFLASH_API int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t
 DFLASH_API int32_t dflash_path_sums_cuda(double const* values, int64_t const* parents, int32_t batch, int32_t n,
     double* out, void* stream, DFlashErrorDetail* detail);
 
+//! The walk on the device (dflash_walk_cpu's arguments, device memory, one thread per row, asynchronous).
+DFLASH_API int32_t dflash_walk_cuda(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t max_path, int64_t* path, int64_t* lengths,
+    int64_t* bonus, void* stream, DFlashErrorDetail* detail);
+
+//! Lookup branches and their grafting on the device (dflash_lookup_cpu's / dflash_graft_cpu's arguments, device
+//! memory, one thread per row, asynchronous).
+DFLASH_API int32_t dflash_lookup_cuda(int64_t const* history, int64_t row_stride, int32_t capacity,
+    int64_t const* lengths, int64_t const* limits, int32_t batch, int32_t width, int32_t max_ngram,
+    int32_t min_ngram, int32_t branches, int64_t* tokens, int64_t* branch_lengths, int64_t* ngram, void* stream,
+    DFlashErrorDetail* detail);
+
+DFLASH_API int32_t dflash_graft_cuda(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* num_nodes, double const* scores, double const* pool_cond,
+    int32_t batch, int32_t pool_size, int64_t const* branch_tokens, double const* branch_cond, int32_t branches,
+    int32_t width, int64_t* out_tokens, int64_t* out_parents, int64_t* out_depths, unsigned char* out_valid,
+    int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
+    void* stream, DFlashErrorDetail* detail);
+
 #ifdef __cplusplus
 }
 #endif

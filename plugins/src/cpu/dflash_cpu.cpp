@@ -4,6 +4,7 @@
 
 #include "dflash/dflash_cpu.h"
 #include "dflash/ddtree_core.h"
+#include "dflash/lookup_core.h"
 #include "dflash/kv_compact_core.h"
 #include "dflash/enqueue_guard.h"
 #include "dflash/tree_mask_core.h"
@@ -37,7 +38,7 @@ char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "pool mapping refers to a pool or layer that does not exist",
     "a block offset points outside its pool, or the pool pointer is null",
     "a CUDA call failed (the detail's value is the cudaError_t)",
-    "DDTree budget, depth, rank count or node count is out of range",
+    "a fused tree kernel's shape (budget, depth, ranks, nodes, path, capacity, width, branches, n-gram) is out of range",
 };
 
 //! Validate all sequences' accepted paths; capacity is the per-sequence slot count.
@@ -425,6 +426,94 @@ int32_t dflash_path_sums_cpu(double const* values, int64_t const* parents, int32
     {
         int64_t const offset = static_cast<int64_t>(row) * n;
         dflash::pathSumsRow(values + offset, parents + offset, n, out + offset);
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_walk_cpu(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t max_path, int64_t* path, int64_t* lengths,
+    int64_t* bonus, DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::walkShapeError(batch, n, max_path, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return reportError(detail, code, -1, index, value);
+    }
+    if (batch > 0
+        && (tokens == nullptr || parents == nullptr || valid == nullptr || choices == nullptr || path == nullptr
+            || lengths == nullptr || bonus == nullptr))
+    {
+        return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+    }
+    for (int32_t row = 0; row < batch; ++row) // the kernel's threads, one after another
+    {
+        int64_t const offset = static_cast<int64_t>(row) * n;
+        dflash::walkRow(tokens + offset, parents + offset, valid + offset, choices + offset, n, max_path,
+            path + static_cast<int64_t>(row) * max_path, lengths + row, bonus + row);
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_lookup_cpu(int64_t const* history, int64_t row_stride, int32_t capacity, int64_t const* lengths,
+    int64_t const* limits, int32_t batch, int32_t width, int32_t max_ngram, int32_t min_ngram, int32_t branches,
+    int64_t* tokens, int64_t* branch_lengths, int64_t* ngram, DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code
+        = dflash::lookupShapeError(batch, capacity, width, branches, max_ngram, min_ngram, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return reportError(detail, code, -1, index, value);
+    }
+    if (batch > 0
+        && ((capacity > 0 && history == nullptr) || lengths == nullptr || tokens == nullptr
+            || branch_lengths == nullptr || ngram == nullptr))
+    {
+        return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+    }
+    for (int32_t row = 0; row < batch; ++row) // the kernel's threads, one after another
+    {
+        dflash::lookupRowThread(row, history, row_stride, capacity, lengths, limits, width, max_ngram, min_ngram,
+            branches, tokens, branch_lengths, ngram);
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_graft_cpu(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* num_nodes, double const* scores, double const* pool_cond,
+    int32_t batch, int32_t pool_size, int64_t const* branch_tokens, double const* branch_cond, int32_t branches,
+    int32_t width, int64_t* out_tokens, int64_t* out_parents, int64_t* out_depths, unsigned char* out_valid,
+    int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
+    DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::graftShapeError(batch, pool_size, branches, width, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return reportError(detail, code, -1, index, value);
+    }
+    void const* required[] = {tokens, parents, depths, valid, num_nodes, scores, pool_cond, branch_tokens,
+        branch_cond, out_tokens, out_parents, out_depths, out_valid, out_num_nodes, out_scores, out_cond,
+        out_on_branch, scratch};
+    for (void const* pointer : required)
+    {
+        if (batch > 0 && pointer == nullptr)
+        {
+            return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+        }
+    }
+    for (int32_t row = 0; row < batch; ++row) // the kernel's threads, one after another
+    {
+        dflash::graftRowThread(row, tokens, parents, depths, valid, num_nodes, scores, pool_cond, pool_size,
+            branch_tokens, branch_cond, branches, width, out_tokens, out_parents, out_depths, out_valid,
+            out_num_nodes, out_scores, out_cond, out_on_branch, scratch);
     }
     return DFLASH_OK;
 }

@@ -3,10 +3,14 @@
 // over at most kMaxDDTreeBudget pops, sequential by nature; what this kernel saves is the
 // ~400 tensor-op launches device_tree.build_ddtree_device needs for the same tree.
 // The path sums of the cost-aware tree's values (pathSumsRow) likewise: one pass per row
-// in place of device_policy.path_values's depth-by-depth rounds (~60 launches).
+// in place of device_policy.path_values's depth-by-depth rounds (~60 launches), and the
+// verifier's walk (walkRow) in place of device_tree.walk_device's pointer doubling (~45), and
+// the prompt-lookup branches and their grafting (lookup_core.h) in place of
+// device_lookup.lookup_device's and graft_device's (~90 and ~80).
 
 #include "dflash/cuda_kernels.h"
 #include "dflash/ddtree_core.h"
+#include "dflash/lookup_core.h"
 
 #include <cuda_runtime.h>
 
@@ -41,7 +45,109 @@ __global__ void pathSumsKernel(double const* values, int64_t const* parents, int
     }
 }
 
+__global__ void walkKernel(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t maxPath, int64_t* path, int64_t* lengths, int64_t* bonus)
+{
+    int32_t const row = static_cast<int32_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (row < batch)
+    {
+        int64_t const offset = static_cast<int64_t>(row) * n;
+        walkRow(tokens + offset, parents + offset, valid + offset, choices + offset, n, maxPath,
+            path + static_cast<int64_t>(row) * maxPath, lengths + row, bonus + row);
+    }
+}
+
+__global__ void lookupKernel(int64_t const* history, int64_t rowStride, int32_t capacity, int64_t const* lengths,
+    int64_t const* limits, int32_t batch, int32_t width, int32_t maxNgram, int32_t minNgram, int32_t branches,
+    int64_t* tokens, int64_t* branchLengths, int64_t* ngram)
+{
+    int32_t const row = static_cast<int32_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (row < batch)
+    {
+        lookupRowThread(row, history, rowStride, capacity, lengths, limits, width, maxNgram, minNgram, branches,
+            tokens, branchLengths, ngram);
+    }
+}
+
+__global__ void graftKernel(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* numNodes, double const* scores, double const* poolCond, int32_t batch,
+    int32_t poolSize, int64_t const* branchTokens, double const* branchCond, int32_t branches, int32_t width,
+    int64_t* outTokens, int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes,
+    double* outScores, double* outCond, unsigned char* outOnBranch, int64_t* scratch)
+{
+    int32_t const row = static_cast<int32_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (row < batch)
+    {
+        graftRowThread(row, tokens, parents, depths, valid, numNodes, scores, poolCond, poolSize, branchTokens,
+            branchCond, branches, width, outTokens, outParents, outDepths, outValid, outNumNodes, outScores, outCond,
+            outOnBranch, scratch);
+    }
+}
+
 } // namespace
+
+cudaError_t launchLookup(int64_t const* history, int64_t rowStride, int32_t capacity, int64_t const* lengths,
+    int64_t const* limits, int32_t batch, int32_t width, int32_t maxNgram, int32_t minNgram, int32_t branches,
+    int64_t* tokens, int64_t* branchLengths, int64_t* ngram, cudaStream_t stream)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    if (lookupShapeError(batch, capacity, width, branches, maxNgram, minNgram, &index, &value) != DFLASH_OK)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (batch == 0)
+    {
+        return cudaSuccess;
+    }
+    auto const blocks = static_cast<unsigned int>((batch + kDDTreeRowsPerBlock - 1) / kDDTreeRowsPerBlock);
+    lookupKernel<<<blocks, kDDTreeRowsPerBlock, 0, stream>>>(history, rowStride, capacity, lengths, limits, batch,
+        width, maxNgram, minNgram, branches, tokens, branchLengths, ngram);
+    return cudaGetLastError();
+}
+
+cudaError_t launchGraft(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* numNodes, double const* scores, double const* poolCond, int32_t batch,
+    int32_t poolSize, int64_t const* branchTokens, double const* branchCond, int32_t branches, int32_t width,
+    int64_t* outTokens, int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes,
+    double* outScores, double* outCond, unsigned char* outOnBranch, int64_t* scratch, cudaStream_t stream)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    if (graftShapeError(batch, poolSize, branches, width, &index, &value) != DFLASH_OK)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (batch == 0)
+    {
+        return cudaSuccess;
+    }
+    auto const blocks = static_cast<unsigned int>((batch + kDDTreeRowsPerBlock - 1) / kDDTreeRowsPerBlock);
+    graftKernel<<<blocks, kDDTreeRowsPerBlock, 0, stream>>>(tokens, parents, depths, valid, numNodes, scores,
+        poolCond, batch, poolSize, branchTokens, branchCond, branches, width, outTokens, outParents, outDepths,
+        outValid, outNumNodes, outScores, outCond, outOnBranch, scratch);
+    return cudaGetLastError();
+}
+
+cudaError_t launchWalk(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t maxPath, int64_t* path, int64_t* lengths,
+    int64_t* bonus, cudaStream_t stream)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    if (walkShapeError(batch, n, maxPath, &index, &value) != DFLASH_OK)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (batch == 0)
+    {
+        return cudaSuccess;
+    }
+    auto const blocks = static_cast<unsigned int>((batch + kDDTreeRowsPerBlock - 1) / kDDTreeRowsPerBlock);
+    walkKernel<<<blocks, kDDTreeRowsPerBlock, 0, stream>>>(tokens, parents, valid, choices, batch, n, maxPath, path,
+        lengths, bonus);
+    return cudaGetLastError();
+}
 
 cudaError_t launchPathSums(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
     cudaStream_t stream)

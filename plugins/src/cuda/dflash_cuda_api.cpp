@@ -4,6 +4,7 @@
 #include "dflash/dflash_cuda.h"
 #include "dflash/cuda_kernels.h"
 #include "dflash/ddtree_core.h"
+#include "dflash/lookup_core.h"
 
 namespace
 {
@@ -82,6 +83,60 @@ int32_t dflash_path_sums_cuda(double const* values, int64_t const* parents, int3
         return dflash::reportError(detail, code, -1, index, value);
     }
     return statusOf(dflash::launchPathSums(values, parents, batch, n, out, static_cast<cudaStream_t>(stream)), detail);
+}
+
+int32_t dflash_walk_cuda(int64_t const* tokens, int64_t const* parents, unsigned char const* valid,
+    int64_t const* choices, int32_t batch, int32_t n, int32_t max_path, int64_t* path, int64_t* lengths,
+    int64_t* bonus, void* stream, DFlashErrorDetail* detail)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::walkShapeError(batch, n, max_path, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return dflash::reportError(detail, code, -1, index, value);
+    }
+    return statusOf(dflash::launchWalk(tokens, parents, valid, choices, batch, n, max_path, path, lengths, bonus,
+                        static_cast<cudaStream_t>(stream)),
+        detail);
+}
+
+int32_t dflash_lookup_cuda(int64_t const* history, int64_t row_stride, int32_t capacity, int64_t const* lengths,
+    int64_t const* limits, int32_t batch, int32_t width, int32_t max_ngram, int32_t min_ngram, int32_t branches,
+    int64_t* tokens, int64_t* branch_lengths, int64_t* ngram, void* stream, DFlashErrorDetail* detail)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code
+        = dflash::lookupShapeError(batch, capacity, width, branches, max_ngram, min_ngram, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return dflash::reportError(detail, code, -1, index, value);
+    }
+    return statusOf(dflash::launchLookup(history, row_stride, capacity, lengths, limits, batch, width, max_ngram,
+                        min_ngram, branches, tokens, branch_lengths, ngram, static_cast<cudaStream_t>(stream)),
+        detail);
+}
+
+int32_t dflash_graft_cuda(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, int64_t const* num_nodes, double const* scores, double const* pool_cond,
+    int32_t batch, int32_t pool_size, int64_t const* branch_tokens, double const* branch_cond, int32_t branches,
+    int32_t width, int64_t* out_tokens, int64_t* out_parents, int64_t* out_depths, unsigned char* out_valid,
+    int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
+    void* stream, DFlashErrorDetail* detail)
+{
+    int32_t index = -1;
+    int64_t value = 0;
+    int32_t const code = dflash::graftShapeError(batch, pool_size, branches, width, &index, &value);
+    if (code != DFLASH_OK)
+    {
+        return dflash::reportError(detail, code, -1, index, value);
+    }
+    return statusOf(dflash::launchGraft(tokens, parents, depths, valid, num_nodes, scores, pool_cond, batch,
+                        pool_size, branch_tokens, branch_cond, branches, width, out_tokens, out_parents, out_depths,
+                        out_valid, out_num_nodes, out_scores, out_cond, out_on_branch, scratch,
+                        static_cast<cudaStream_t>(stream)),
+        detail);
 }
 
 } // extern "C"
