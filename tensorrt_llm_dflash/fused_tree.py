@@ -1,4 +1,4 @@
-"""The fused DDTree build: one call (one CUDA kernel launch) per step instead of ~400 tensor ops.
+"""Fused tree kernels: the DDTree build, path values, walk, lookup and graft as one call (one CUDA launch) each.
 
 :func:`device_tree.build_ddtree_device` builds the best-first tree from fixed-shape tensor ops, a
 depth loop of sorts and gathers: 397 ops for the cost-aware tree's 63-node pool over 15 drafted
@@ -47,11 +47,16 @@ CUDA_LIBRARY_NAME = "libdflash_plugins_cuda.so"
 #: Must equal dflash::kMaxDDTreeBudget (plugins/include/dflash/ddtree_core.h); the tests check it.
 MAX_BUDGET = 255
 
-#: dflash_lookup_{cpu,cuda} and dflash_graft_{cpu,cuda} arguments before the CUDA stream and the detail.
-LOOKUP_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32] + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 5 \
-    + [ctypes.c_void_p] * 3
-GRAFT_ARGS = [ctypes.c_void_p] * 7 + [ctypes.c_int32] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 \
-    + [ctypes.c_void_p] * 9
+_P, _I32 = ctypes.c_void_p, ctypes.c_int32
+#: The CUDA library's functions: their arguments before the stream and the error detail (the CPU library's
+#: ``dflash_<name>_cpu`` take the same, without the stream: kernels._SIGNATURES).
+CUDA_SIGNATURES = {
+    "ddtree_build": [_P] * 4 + [_I32] * 4 + [_P] * 6,
+    "path_sums": [_P] * 2 + [_I32] * 2 + [_P],
+    "walk": [_P] * 4 + [_I32] * 3 + [_P] * 3,
+    "lookup": [_P, ctypes.c_int64, _I32] + [_P] * 2 + [_I32] * 5 + [_P] * 3,
+    "graft": [_P] * 7 + [_I32] * 2 + [_P] * 2 + [_I32] * 2 + [_P] * 9,
+}
 
 _cuda_library: ctypes.CDLL | None = None
 _cuda_searched = False
@@ -68,7 +73,7 @@ def mode() -> str:
 
 def load_cuda_library() -> ctypes.CDLL | None:
     """The CUDA plugin library (looked up as the CPU one is: ``$DFLASH_PLUGIN_LIB``, then ``plugins/build``), or
-    None when it is not built. A library built from older sources (no ``dflash_ddtree_build_cuda``) counts as
+    None when it is not built. A library built from older sources (one of ``CUDA_SIGNATURES`` missing) counts as
     not built."""
     global _cuda_library, _cuda_searched
     if _cuda_library is not None or _cuda_searched:
@@ -81,20 +86,12 @@ def load_cuda_library() -> ctypes.CDLL | None:
             lib = ctypes.CDLL(str(candidate))
         except OSError:  # no CUDA runtime on this machine
             continue
-        build = getattr(lib, "dflash_ddtree_build_cuda", None)
-        sums = getattr(lib, "dflash_path_sums_cuda", None)
-        walk_fn = getattr(lib, "dflash_walk_cuda", None)
-        lookup_fn, graft_fn = getattr(lib, "dflash_lookup_cuda", None), getattr(lib, "dflash_graft_cuda", None)
-        if None in (build, sums, walk_fn, lookup_fn, graft_fn):
+        functions = {name: getattr(lib, f"dflash_{name}_cuda", None) for name in CUDA_SIGNATURES}
+        if any(fn is None for fn in functions.values()):
             continue
-        detail = ctypes.POINTER(kernels._ErrorDetail)
-        build.restype = sums.restype = walk_fn.restype = ctypes.c_int32
-        build.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 4 + [ctypes.c_void_p] * 7 + [detail]
-        sums.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int32] * 2 + [ctypes.c_void_p] * 2 + [detail]
-        walk_fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int32] * 3 + [ctypes.c_void_p] * 4 + [detail]
-        lookup_fn.restype = graft_fn.restype = ctypes.c_int32
-        lookup_fn.argtypes = LOOKUP_ARGS + [ctypes.c_void_p, detail]
-        graft_fn.argtypes = GRAFT_ARGS + [ctypes.c_void_p, detail]
+        for name, fn in functions.items():
+            fn.restype = ctypes.c_int32
+            fn.argtypes = [*CUDA_SIGNATURES[name], ctypes.c_void_p, ctypes.POINTER(kernels._ErrorDetail)]
         _cuda_library = lib
         break
     return _cuda_library
@@ -125,6 +122,27 @@ def backend(device: torch.device) -> str | None:
     return None
 
 
+def _where(device: torch.device, where: str | None, what: str) -> str:
+    """The library to run ``what`` with: ``where`` if given, else ``backend``'s answer; an error where none runs."""
+    where = backend(device) if where is None else where
+    if where is None:
+        raise DFlashInputError(f"the fused {what} does not run on {device} here ({FUSED_TREE_ENV}={mode()})")
+    return where
+
+
+def _call(where: str, name: str, device: torch.device, *args: object) -> None:
+    """Call ``dflash_<name>_cpu``, or ``dflash_<name>_cuda`` on the current stream, and raise on a refused call."""
+    import torch
+
+    detail = kernels._ErrorDetail()
+    if where == "cuda-library":
+        stream = torch.cuda.current_stream(device).cuda_stream
+        code = getattr(load_cuda_library(), f"dflash_{name}_cuda")(*args, stream, ctypes.byref(detail))
+    else:
+        code = getattr(kernels.load_library(), f"dflash_{name}_cpu")(*args, ctypes.byref(detail))
+    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+
+
 def build_ddtree_fused(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tokens: torch.Tensor, budget: int,
                        max_depth: torch.Tensor | None = None, *, where: str | None = None) -> DeviceTree:
     """``device_tree.build_ddtree_device``'s tree from the plugin library (same arguments, same result, bit for
@@ -134,9 +152,7 @@ def build_ddtree_fused(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tok
 
     from .device_tree import DeviceTree
 
-    where = backend(root.device) if where is None else where
-    if where is None:
-        raise DFlashInputError(f"the fused DDTree build does not run on {root.device} here ({FUSED_TREE_ENV}={mode()})")
+    where = _where(root.device, where, "DDTree build")
     budget = int(budget)
     batch, depth, k = (int(x) for x in topk_logprobs.shape)
     device = root.device
@@ -155,15 +171,7 @@ def build_ddtree_fused(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tok
     pointers = [t.data_ptr() if t is not None and t.numel() else None
                 for t in (logprobs, tokens_in, roots, depth_limit)]
     outputs = [t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores)]
-    detail = kernels._ErrorDetail()
-    if where == "cuda-library":
-        lib = load_cuda_library()
-        stream = torch.cuda.current_stream(device).cuda_stream
-        code = lib.dflash_ddtree_build_cuda(*pointers, batch, depth, k, budget, *outputs, stream, ctypes.byref(detail))
-    else:
-        lib = kernels.load_library()
-        code = lib.dflash_ddtree_build_cpu(*pointers, batch, depth, k, budget, *outputs, ctypes.byref(detail))
-    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+    _call(where, "ddtree_build", device, *pointers, batch, depth, k, budget, *outputs)
     return DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)
 
 
@@ -174,22 +182,12 @@ def path_sums(values: torch.Tensor, parents: torch.Tensor, *, where: str | None 
     ``where``: the library (``backend``'s answer; default: ask it)."""
     import torch
 
-    where = backend(values.device) if where is None else where
-    if where is None:
-        raise DFlashInputError(f"the fused path sums do not run on {values.device} here ({FUSED_TREE_ENV}={mode()})")
+    where = _where(values.device, where, "path sums")
     batch, n = (int(x) for x in values.shape)
     values = values.to(torch.float64).contiguous()
     parents = parents.to(torch.long).contiguous()
     out = torch.empty_like(values)
-    detail = kernels._ErrorDetail()
-    pointers = (values.data_ptr(), parents.data_ptr())
-    if where == "cuda-library":
-        stream = torch.cuda.current_stream(values.device).cuda_stream
-        code = load_cuda_library().dflash_path_sums_cuda(*pointers, batch, n, out.data_ptr(), stream,
-                                                         ctypes.byref(detail))
-    else:
-        code = kernels.load_library().dflash_path_sums_cpu(*pointers, batch, n, out.data_ptr(), ctypes.byref(detail))
-    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+    _call(where, "path_sums", values.device, values.data_ptr(), parents.data_ptr(), batch, n, out.data_ptr())
     return out
 
 
@@ -200,9 +198,7 @@ def walk(tree: DeviceTree, choices: torch.Tensor, max_path: int, *,
     (``backend``'s answer; default: ask it)."""
     import torch
 
-    where = backend(tree.tokens.device) if where is None else where
-    if where is None:
-        raise DFlashInputError(f"the fused walk does not run on {tree.tokens.device} here ({FUSED_TREE_ENV}={mode()})")
+    where = _where(tree.tokens.device, where, "walk")
     batch, n = (int(x) for x in tree.tokens.shape)
     device = tree.tokens.device
     inputs = [t.contiguous() for t in (tree.tokens.to(torch.long), tree.parents.to(torch.long),
@@ -210,31 +206,9 @@ def walk(tree: DeviceTree, choices: torch.Tensor, max_path: int, *,
     path = torch.empty(batch, int(max_path), dtype=torch.long, device=device)
     length = torch.empty(batch, dtype=torch.long, device=device)
     bonus = torch.empty(batch, dtype=torch.long, device=device)
-    pointers = [t.data_ptr() for t in inputs]
-    outputs = [t.data_ptr() for t in (path, length, bonus)]
-    detail = kernels._ErrorDetail()
-    if where == "cuda-library":
-        stream = torch.cuda.current_stream(device).cuda_stream
-        code = load_cuda_library().dflash_walk_cuda(*pointers, batch, n, int(max_path), *outputs, stream,
-                                                    ctypes.byref(detail))
-    else:
-        code = kernels.load_library().dflash_walk_cpu(*pointers, batch, n, int(max_path), *outputs,
-                                                      ctypes.byref(detail))
-    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
+    _call(where, "walk", device, *(t.data_ptr() for t in inputs), batch, n, int(max_path),
+          *(t.data_ptr() for t in (path, length, bonus)))
     return path, length, bonus
-
-
-def _call(where: str, name: str, device: torch.device, *args: object) -> None:
-    """Call ``dflash_<name>_cpu`` or ``dflash_<name>_cuda`` (on the current stream) and raise on a refused call."""
-    import torch
-
-    detail = kernels._ErrorDetail()
-    if where == "cuda-library":
-        stream = torch.cuda.current_stream(device).cuda_stream
-        code = getattr(load_cuda_library(), f"dflash_{name}_cuda")(*args, stream, ctypes.byref(detail))
-    else:
-        code = getattr(kernels.load_library(), f"dflash_{name}_cpu")(*args, ctypes.byref(detail))
-    kernels._raise_for(code, detail, {"max_budget": MAX_BUDGET})
 
 
 def lookup(history: torch.Tensor, length: torch.Tensor, max_tokens: int, limit: torch.Tensor | None = None,
@@ -245,9 +219,7 @@ def lookup(history: torch.Tensor, length: torch.Tensor, max_tokens: int, limit: 
 
     from .device_lookup import DeviceBranches
 
-    where = backend(history.device) if where is None else where
-    if where is None:
-        raise DFlashInputError(f"the fused lookup does not run on {history.device} here ({FUSED_TREE_ENV}={mode()})")
+    where = _where(history.device, where, "lookup")
     batch, capacity = (int(x) for x in history.shape)
     device = history.device
     history = history.to(torch.long)
@@ -274,9 +246,7 @@ def graft(pool: DeviceTree, pool_cond: torch.Tensor, branches, branch_cond: torc
     from .device_lookup import Grafted
     from .device_tree import DeviceTree
 
-    where = backend(pool.tokens.device) if where is None else where
-    if where is None:
-        raise DFlashInputError(f"the fused graft does not run on {pool.tokens.device} here ({FUSED_TREE_ENV}={mode()})")
+    where = _where(pool.tokens.device, where, "graft")
     batch, pool_size = (int(x) for x in pool.tokens.shape)
     count, width = (int(x) for x in branches.tokens.shape[1:])
     device = pool.tokens.device
