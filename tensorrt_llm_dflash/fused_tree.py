@@ -51,7 +51,7 @@ _P, _I32 = ctypes.c_void_p, ctypes.c_int32
 #: The CUDA library's functions: their arguments before the stream and the error detail (the CPU library's
 #: ``dflash_<name>_cpu`` take the same, without the stream: kernels._SIGNATURES).
 CUDA_SIGNATURES = {
-    "ddtree_build": [_P] * 4 + [_I32] * 4 + [_P] * 6,
+    "ddtree_build": [_P] * 4 + [_I32] * 4 + [_P] * 7,
     "path_sums": [_P] * 2 + [_I32] * 2 + [_P],
     "walk": [_P] * 4 + [_I32] * 3 + [_P] * 3,
     "lookup": [_P, ctypes.c_int64, _I32] + [_P] * 2 + [_I32] * 5 + [_P] * 3,
@@ -122,6 +122,13 @@ def backend(device: torch.device) -> str | None:
     return None
 
 
+def ddtree_scratch_row_bytes(budget: int) -> int:
+    """dflash::ddtreeScratchRowBytes: a row's heap (budget + 2 entries of 16 bytes) and ranks (budget + 1 int16),
+    rounded up to 16 bytes (the tests hold it equal to the library's ``dflash_ddtree_scratch_bytes``)."""
+    size = (int(budget) + 2) * 16 + (int(budget) + 1) * 2
+    return (size + 15) // 16 * 16
+
+
 def _where(device: torch.device, where: str | None, what: str) -> str:
     """The library to run ``what`` with: ``where`` if given, else ``backend``'s answer; an error where none runs."""
     where = backend(device) if where is None else where
@@ -170,7 +177,9 @@ def build_ddtree_fused(root: torch.Tensor, topk_logprobs: torch.Tensor, topk_tok
     scores = torch.empty(batch, size, dtype=torch.float64, device=device)
     pointers = [t.data_ptr() if t is not None and t.numel() else None
                 for t in (logprobs, tokens_in, roots, depth_limit)]
-    outputs = [t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores)]
+    # Each row's heap: caller memory, not a per-thread array (ddtree_core.h, ddtreeScratchRowBytes).
+    scratch = torch.empty(max(batch, 1) * ddtree_scratch_row_bytes(budget) // 8, dtype=torch.float64, device=device)
+    outputs = [t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores, scratch)]
     _call(where, "ddtree_build", device, *pointers, batch, depth, k, budget, *outputs)
     return DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)
 

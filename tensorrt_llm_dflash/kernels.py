@@ -104,7 +104,8 @@ _SIGNATURES = {
         [ctypes.c_void_p, _i64, _i64, _i64, _i32, _I32P, _i32, _DETAILP],
     ),
     "dflash_max_ddtree_budget": (_i32, []),
-    "dflash_ddtree_build_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 4 + [ctypes.c_void_p] * 6 + [_DETAILP]),
+    "dflash_ddtree_build_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 4 + [ctypes.c_void_p] * 7 + [_DETAILP]),
+    "dflash_ddtree_scratch_bytes": (_i32, [_i32]),
     "dflash_path_sums_cpu": (_i32, [ctypes.c_void_p] * 2 + [_i32] * 2 + [ctypes.c_void_p, _DETAILP]),
     "dflash_walk_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 3 + [ctypes.c_void_p] * 3 + [_DETAILP]),
     "dflash_lookup_cpu": (_i32, [ctypes.c_void_p, _i64, _i32, ctypes.c_void_p, ctypes.c_void_p] + [_i32] * 5

@@ -49,8 +49,10 @@ def assert_identical(a: DeviceTree, b: DeviceTree) -> None:
         assert torch.equal(x, y), name
 
 
-def test_the_budget_limit_is_the_librarys(cpu_library):
+def test_the_budget_limit_and_scratch_size_are_the_librarys(cpu_library):
     assert cpu_library.dflash_max_ddtree_budget() == fused_tree.MAX_BUDGET
+    for budget in (0, 1, 7, 63, 100, 255):
+        assert cpu_library.dflash_ddtree_scratch_bytes(budget) == fused_tree.ddtree_scratch_row_bytes(budget)
 
 
 @pytest.mark.parametrize("ties", [False, True])
@@ -123,11 +125,11 @@ def test_the_library_refuses_a_bad_shape_naming_the_field(cpu_library):
     detail = kernels._ErrorDetail()
     # (batch, depth, k, budget); the detail's index: 0 budget, 1 depth, 2 k.
     for field, args, value in ((1, (1, -1, 5, 8), -1), (2, (1, 4, -3, 8), -3), (0, (1, 4, 5, -1), -1)):
-        code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, *args, *[None] * 6, ctypes.byref(detail))
+        code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, *args, *[None] * 7, ctypes.byref(detail))
         assert (code, detail.index, detail.value) == (kernels.ERR_DDTREE_SHAPE, field, value)
-    code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, 2, 4, 5, 8, *[None] * 6, ctypes.byref(detail))
+    code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, 2, 4, 5, 8, *[None] * 7, ctypes.byref(detail))
     assert code == kernels.ERR_NULL_POINTER
-    code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, 0, 4, 5, 8, *[None] * 6, ctypes.byref(detail))
+    code = cpu_library.dflash_ddtree_build_cpu(None, None, None, None, 0, 4, 5, 8, *[None] * 7, ctypes.byref(detail))
     assert code == kernels.OK  # an empty batch touches nothing
 
 

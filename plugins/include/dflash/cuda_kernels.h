@@ -44,7 +44,7 @@ cudaError_t launchCommittedLengths(int32_t const* pastLengths, int32_t const* nu
 cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int64_t const* roots,
     int64_t const* maxDepth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens,
     int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores,
-    cudaStream_t stream);
+    unsigned char* scratch, cudaStream_t stream);
 
 //! Path sums (ddtree_core.h, pathSumsRow): one thread per row; cudaErrorInvalidValue where pathSumsShapeError
 //! refuses the shape.

@@ -27,11 +27,9 @@
 namespace dflash
 {
 
-//! Largest budget (draft nodes) the fused build takes: its per-row scratch is static.
+//! Largest budget (draft nodes) the fused build takes (node indices are int16 in its heap).
 //! The cost-aware tree's pool is 63 nodes; larger budgets use the tensor-op build.
 constexpr int32_t kMaxDDTreeBudget = 255;
-//! Heap entries: every pop pushes at most two (sibling, child), so budget + 2 suffice.
-constexpr int32_t kMaxDDTreeHeap = kMaxDDTreeBudget + 2;
 
 struct DDTreeEntry
 {
@@ -39,6 +37,19 @@ struct DDTreeEntry
     int16_t parent; //!< node index of the parent (0 = the root)
     int16_t rank;   //!< rank under the parent (column of the depth's log-probability row)
 };
+
+//! Bytes of one row's scratch: its heap (every pop pushes at most two entries, sibling and child, so
+//! budget + 2 suffice) and each node's rank, rounded up to keep the next row's heap aligned. The scratch
+//! is caller memory (a torch tensor), not a per-thread array: a kernel with a 4.6 KiB stack frame would
+//! need the driver to grow every thread's local memory past its 1 KiB default, which a CUDA graph
+//! capture must not trigger.
+DFLASH_HD int64_t ddtreeScratchRowBytes(int32_t budget)
+{
+    int64_t const bytes = static_cast<int64_t>(budget + 2) * sizeof(DDTreeEntry)
+        + static_cast<int64_t>(budget + 1) * sizeof(int16_t);
+    int64_t const align = sizeof(DDTreeEntry);
+    return (bytes + align - 1) / align * align;
+}
 
 //! True when the rank tuple of (parent a, rank ra) sorts before that of (b, rb), lexicographically.
 //! `parents`, `depths` and `ranks` describe the nodes built so far (the parents of both entries among
@@ -140,13 +151,14 @@ DFLASH_HD bool usableLogprob(double value)
 
 //! One row. logprobs / tokens: [depth, k] (row-major, each depth's row sorted
 //! non-increasing); `depthLimit` = min(depth, budget, the row's max_depth), >= 0;
-//! 0 <= budget <= kMaxDDTreeBudget. Outputs: budget + 1 entries each; numNodes: one.
+//! 0 <= budget <= kMaxDDTreeBudget. Outputs: budget + 1 entries each; numNodes: one;
+//! scratch: ddtreeScratchRowBytes(budget) bytes, aligned for DDTreeEntry.
 DFLASH_HD void buildDDTreeRow(double const* logprobs, int64_t const* tokens, int32_t k, int64_t root,
     int32_t depthLimit, int32_t budget, int64_t* outTokens, int64_t* outParents, int64_t* outDepths,
-    unsigned char* outValid, int64_t* outNumNodes, double* outScores)
+    unsigned char* outValid, int64_t* outNumNodes, double* outScores, unsigned char* scratch)
 {
-    int16_t ranks[kMaxDDTreeBudget + 1];
-    DDTreeEntry heap[kMaxDDTreeHeap];
+    DDTreeEntry* heap = reinterpret_cast<DDTreeEntry*>(scratch);
+    int16_t* ranks = reinterpret_cast<int16_t*>(scratch + static_cast<int64_t>(budget + 2) * sizeof(DDTreeEntry));
     int32_t heapSize = 0;
     int32_t count = 1;
     outTokens[0] = root;
@@ -333,12 +345,13 @@ inline int32_t pathSumsShapeError(int32_t batch, int32_t n, int32_t* index, int6
 //! Thread `row` of the kernel: one batch row, inputs [batch, depth, k], outputs [batch, budget + 1].
 DFLASH_HD void ddtreeRowThread(int32_t row, double const* logprobs, int64_t const* tokens, int64_t const* roots,
     int64_t const* maxDepth, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens, int64_t* outParents,
-    int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores)
+    int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores, unsigned char* scratch)
 {
     int64_t const in = static_cast<int64_t>(row) * depth * k;
     int64_t const out = static_cast<int64_t>(row) * (budget + 1);
     buildDDTreeRow(logprobs + in, tokens + in, k, roots[row], ddtreeDepthLimit(depth, budget, maxDepth, row), budget,
-        outTokens + out, outParents + out, outDepths + out, outValid + out, outNumNodes + row, outScores + out);
+        outTokens + out, outParents + out, outDepths + out, outValid + out, outNumNodes + row, outScores + out,
+        scratch + static_cast<int64_t>(row) * ddtreeScratchRowBytes(budget));
 }
 
 } // namespace dflash

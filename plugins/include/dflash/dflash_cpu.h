@@ -76,12 +76,16 @@ DFLASH_API int32_t dflash_compact_tail_cpu(void* tensor, int64_t outer, int64_t 
 //! sorted non-increasing; non-finite entries are never nodes), topk_tokens [batch, depth, k],
 //! roots [batch], max_depth [batch] or null (a row's nodes are at most that deep).
 //! Outputs [batch, budget + 1] (num_nodes [batch]): device_tree.DeviceTree's layout.
+//! scratch: batch * dflash_ddtree_scratch_bytes(budget) bytes, 16-byte aligned (the rows' heaps).
 //! 0 <= budget <= dflash_max_ddtree_budget(), depth >= 0, k >= 0, else DFLASH_ERR_DDTREE_SHAPE
 //! (detail index 0: budget, 1: depth, 2: k).
 DFLASH_API int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk_tokens,
     int64_t const* roots, int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget,
     int64_t* tokens, int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
-    DFlashErrorDetail* detail);
+    void* scratch, DFlashErrorDetail* detail);
+
+//! Scratch bytes per row of the fused DDTree build at `budget` (dflash::ddtreeScratchRowBytes).
+DFLASH_API int32_t dflash_ddtree_scratch_bytes(int32_t budget);
 
 //! Path sums per row of trees in parent-first order (ddtree_core.h, pathSumsRow): values, parents and out
 //! [batch, n]; out[i] = values[i] (+ out[parents[i]] when parents[i] >= 0). device_policy.path_values's sum.

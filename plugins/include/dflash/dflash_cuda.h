@@ -39,7 +39,7 @@ DFLASH_API int32_t dflash_kv_compact_paged_cuda(void* const* pool_pointers, int3
 DFLASH_API int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* topk_tokens,
     int64_t const* roots, int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget,
     int64_t* tokens, int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
-    void* stream, DFlashErrorDetail* detail);
+    void* scratch, void* stream, DFlashErrorDetail* detail);
 
 //! Path sums on the device (dflash_path_sums_cpu's arguments, device memory, one thread per row, asynchronous).
 DFLASH_API int32_t dflash_path_sums_cuda(double const* values, int64_t const* parents, int32_t batch, int32_t n,

@@ -378,9 +378,14 @@ int32_t dflash_max_ddtree_budget(void)
     return dflash::kMaxDDTreeBudget;
 }
 
+int32_t dflash_ddtree_scratch_bytes(int32_t budget)
+{
+    return static_cast<int32_t>(dflash::ddtreeScratchRowBytes(budget));
+}
+
 int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk_tokens, int64_t const* roots,
     int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* tokens,
-    int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores,
+    int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores, void* scratch,
     DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
@@ -395,14 +400,14 @@ int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk
     if (batch > 0
         && ((needsInputs && (topk_logprobs == nullptr || topk_tokens == nullptr)) || roots == nullptr
             || tokens == nullptr || parents == nullptr || depths == nullptr || valid == nullptr
-            || num_nodes == nullptr || scores == nullptr))
+            || num_nodes == nullptr || scores == nullptr || scratch == nullptr))
     {
         return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
     }
     for (int32_t row = 0; row < batch; ++row) // the kernel's threads, one after another
     {
         dflash::ddtreeRowThread(row, topk_logprobs, topk_tokens, roots, max_depth, depth, k, budget, tokens, parents,
-            depths, valid, num_nodes, scores);
+            depths, valid, num_nodes, scores, static_cast<unsigned char*>(scratch));
     }
     return DFLASH_OK;
 }

@@ -19,19 +19,19 @@ namespace dflash
 namespace
 {
 
-//! Rows per block: a batch is a handful of rows, and each thread's scratch (its heap and
-//! ranks, ~4.6 KiB) lives in local memory.
+//! Rows per block: a batch is a handful of rows (each thread's heap lives in the caller's scratch).
 constexpr int32_t kDDTreeRowsPerBlock = 32;
 
 __global__ void ddtreeKernel(double const* logprobs, int64_t const* tokens, int64_t const* roots,
     int64_t const* maxDepth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens,
-    int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores)
+    int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores,
+    unsigned char* scratch)
 {
     int32_t const row = static_cast<int32_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (row < batch)
     {
         ddtreeRowThread(row, logprobs, tokens, roots, maxDepth, depth, k, budget, outTokens, outParents, outDepths,
-            outValid, outNumNodes, outScores);
+            outValid, outNumNodes, outScores, scratch);
     }
 }
 
@@ -170,7 +170,7 @@ cudaError_t launchPathSums(double const* values, int64_t const* parents, int32_t
 cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int64_t const* roots,
     int64_t const* maxDepth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* outTokens,
     int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores,
-    cudaStream_t stream)
+    unsigned char* scratch, cudaStream_t stream)
 {
     int32_t index = -1;
     int64_t value = 0;
@@ -184,7 +184,7 @@ cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int
     }
     auto const blocks = static_cast<unsigned int>((batch + kDDTreeRowsPerBlock - 1) / kDDTreeRowsPerBlock);
     ddtreeKernel<<<blocks, kDDTreeRowsPerBlock, 0, stream>>>(logprobs, tokens, roots, maxDepth, batch, depth, k,
-        budget, outTokens, outParents, outDepths, outValid, outNumNodes, outScores);
+        budget, outTokens, outParents, outDepths, outValid, outNumNodes, outScores, scratch);
     return cudaGetLastError();
 }
 

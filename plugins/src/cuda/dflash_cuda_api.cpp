@@ -57,8 +57,8 @@ int32_t dflash_kv_compact_paged_cuda(void* const* pool_pointers, int32_t num_poo
 
 int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* topk_tokens, int64_t const* roots,
     int64_t const* max_depth, int32_t batch, int32_t depth, int32_t k, int32_t budget, int64_t* tokens,
-    int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores, void* stream,
-    DFlashErrorDetail* detail)
+    int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores, void* scratch,
+    void* stream, DFlashErrorDetail* detail)
 {
     int32_t index = -1;
     int64_t value = 0;
@@ -68,7 +68,8 @@ int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* top
         return dflash::reportError(detail, code, -1, index, value);
     }
     return statusOf(dflash::launchDDTreeBuild(topk_logprobs, topk_tokens, roots, max_depth, batch, depth, k, budget,
-                        tokens, parents, depths, valid, num_nodes, scores, static_cast<cudaStream_t>(stream)),
+                        tokens, parents, depths, valid, num_nodes, scores, static_cast<unsigned char*>(scratch),
+                        static_cast<cudaStream_t>(stream)),
         detail);
 }
 
