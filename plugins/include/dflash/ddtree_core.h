@@ -18,6 +18,10 @@
 // Output layout (per row, `budget + 1` columns, as device_tree.DeviceTree after
 // pad_tree): column 0 is the root (token `root`, parent -1, depth 0, score +0.0), then
 // the nodes in pop order, then padding (token -1, parent 0, depth 0, score -inf, valid 0).
+//
+// Below it, two more per-row bodies of the graph-ready runtime's step, kernels of the same
+// file: the cost-aware tree's path sums (pathSumsRow, for device_policy.path_values) and
+// the verifier's walk (walkRow, for device_tree.walk_device).
 #pragma once
 
 #include "dflash/common.h"
