@@ -225,28 +225,41 @@ DFLASH_HD int32_t ddtreeDepthLimit(int32_t depth, int32_t budget, int64_t const*
     return static_cast<int32_t>(limit);
 }
 
-//! The launch's arguments checked (host side, CPU library and CUDA launcher alike): DFLASH_OK, or the code with
-//! `index` (0 budget, 1 depth, 2 k; -1 for batch) and the offending `value`.
-inline int32_t ddtreeShapeError(int32_t batch, int32_t depth, int32_t k, int32_t budget, int32_t* index,
-    int64_t* value)
+//! One field of a fused tree kernel's shape: its index in DFLASH_ERR_DDTREE_SHAPE's detail (common.h), its value and
+//! its bounds (no upper bound where highest < lowest).
+struct ShapeField
 {
-    int32_t const fields[3] = {budget, depth, k};
+    int32_t index;
+    int64_t value;
+    int64_t lowest;
+    int64_t highest;
+};
+
+//! The shape check of every fused tree kernel (host side: the CPU library and the CUDA launchers alike): DFLASH_OK,
+//! or batch < 0 as DFLASH_ERR_BATCH_OUT_OF_RANGE, or the first field out of its bounds as DFLASH_ERR_DDTREE_SHAPE
+//! with the field's index and value in `detail` (which may be null).
+template <int32_t Count>
+int32_t checkShape(int32_t batch, ShapeField const (&fields)[Count], DFlashErrorDetail* detail)
+{
     if (batch < 0)
     {
-        *index = -1;
-        *value = batch;
-        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
+        return reportError(detail, DFLASH_ERR_BATCH_OUT_OF_RANGE, -1, -1, batch);
     }
-    for (int32_t i = 0; i < 3; ++i)
+    for (ShapeField const& field : fields)
     {
-        if (fields[i] < 0 || (i == 0 && fields[i] > kMaxDDTreeBudget))
+        if (field.value < field.lowest || (field.highest >= field.lowest && field.value > field.highest))
         {
-            *index = i;
-            *value = fields[i];
-            return DFLASH_ERR_DDTREE_SHAPE;
+            return reportError(detail, DFLASH_ERR_DDTREE_SHAPE, -1, field.index, field.value);
         }
     }
     return DFLASH_OK;
+}
+
+//! The DDTree build: budget (0) in 0..kMaxDDTreeBudget, depth (1) and k (2) >= 0.
+inline int32_t ddtreeShapeError(int32_t batch, int32_t depth, int32_t k, int32_t budget, DFlashErrorDetail* detail)
+{
+    ShapeField const fields[] = {{0, budget, 0, kMaxDDTreeBudget}, {1, depth, 0, -1}, {2, k, 0, -1}};
+    return checkShape(batch, fields, detail);
 }
 
 //! Path sums of one row of a tree in parent-first order (every parent's column before its child's):
@@ -310,40 +323,18 @@ DFLASH_HD void walkRow(int64_t const* tokens, int64_t const* parents, unsigned c
     *outBonus = choices[node];
 }
 
-//! The walk launch's arguments checked: DFLASH_OK, or the code with `index` (3: nodes, 4: max_path; -1: batch).
-inline int32_t walkShapeError(int32_t batch, int32_t n, int32_t maxPath, int32_t* index, int64_t* value)
+//! The walk: nodes (3) and max_path (4) >= 1.
+inline int32_t walkShapeError(int32_t batch, int32_t n, int32_t maxPath, DFlashErrorDetail* detail)
 {
-    if (batch < 0)
-    {
-        *index = -1;
-        *value = batch;
-        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
-    }
-    if (n < 1 || maxPath < 1)
-    {
-        *index = n < 1 ? 3 : 4;
-        *value = n < 1 ? n : maxPath;
-        return DFLASH_ERR_DDTREE_SHAPE;
-    }
-    return DFLASH_OK;
+    ShapeField const fields[] = {{3, n, 1, 0}, {4, maxPath, 1, 0}};
+    return checkShape(batch, fields, detail);
 }
 
-//! The path-sum launch's arguments checked: DFLASH_OK, or the code with `index` (3: nodes; -1: batch) and `value`.
-inline int32_t pathSumsShapeError(int32_t batch, int32_t n, int32_t* index, int64_t* value)
+//! The path sums: nodes (3) >= 0.
+inline int32_t pathSumsShapeError(int32_t batch, int32_t n, DFlashErrorDetail* detail)
 {
-    if (batch < 0)
-    {
-        *index = -1;
-        *value = batch;
-        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
-    }
-    if (n < 0)
-    {
-        *index = 3;
-        *value = n;
-        return DFLASH_ERR_DDTREE_SHAPE;
-    }
-    return DFLASH_OK;
+    ShapeField const fields[] = {{3, n, 0, -1}};
+    return checkShape(batch, fields, detail);
 }
 
 //! Thread `row` of the kernel: one batch row, inputs [batch, depth, k], outputs [batch, budget + 1].

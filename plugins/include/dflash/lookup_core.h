@@ -8,6 +8,7 @@
 #pragma once
 
 #include "dflash/common.h"
+#include "dflash/ddtree_core.h"
 
 #include <cstdint>
 
@@ -208,53 +209,21 @@ DFLASH_HD void graftRow(int64_t const* tokens, int64_t const* parents, int64_t c
     *outNumNodes = numNodes + owned; // (the root is never on a branch: an in-branch offset's node is not column 0)
 }
 
-//! The lookup launch's arguments checked: DFLASH_OK, or DFLASH_ERR_DDTREE_SHAPE with `index` 5 (capacity),
-//! 6 (width), 7 (branches), 8 (n-gram lengths: 1 <= min <= max) and the value; batch < 0 as everywhere.
+//! The lookup: capacity (5) >= 0, width (6) and branches (7) >= 1, 1 <= min_ngram <= max_ngram (8).
 inline int32_t lookupShapeError(int32_t batch, int32_t capacity, int32_t width, int32_t branches, int32_t maxNgram,
-    int32_t minNgram, int32_t* index, int64_t* value)
+    int32_t minNgram, DFlashErrorDetail* detail)
 {
-    if (batch < 0)
-    {
-        *index = -1;
-        *value = batch;
-        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
-    }
-    int32_t const fields[4] = {capacity, width, branches, minNgram};
-    int32_t const lowest[4] = {0, 1, 1, 1};
-    for (int32_t i = 0; i < 4; ++i)
-    {
-        if (fields[i] < lowest[i] || (i == 3 && maxNgram < minNgram))
-        {
-            *index = 5 + i;
-            *value = i == 3 && fields[i] >= lowest[i] ? maxNgram : fields[i];
-            return DFLASH_ERR_DDTREE_SHAPE;
-        }
-    }
-    return DFLASH_OK;
+    ShapeField const fields[] = {{5, capacity, 0, -1}, {6, width, 1, 0}, {7, branches, 1, 0}, {8, minNgram, 1, 0},
+        {8, maxNgram, minNgram < 1 ? 1 : minNgram, 0}};
+    return checkShape(batch, fields, detail);
 }
 
-//! The graft launch's arguments checked: `index` 3 (pool nodes < 1), 6 (width), 7 (branches).
-inline int32_t graftShapeError(int32_t batch, int32_t poolSize, int32_t branches, int32_t width, int32_t* index,
-    int64_t* value)
+//! The graft: pool nodes (3), width (6) and branches (7) >= 1.
+inline int32_t graftShapeError(int32_t batch, int32_t poolSize, int32_t branches, int32_t width,
+    DFlashErrorDetail* detail)
 {
-    if (batch < 0)
-    {
-        *index = -1;
-        *value = batch;
-        return DFLASH_ERR_BATCH_OUT_OF_RANGE;
-    }
-    int32_t const fields[3] = {poolSize, width, branches};
-    int32_t const slots[3] = {3, 6, 7};
-    for (int32_t i = 0; i < 3; ++i)
-    {
-        if (fields[i] < 1)
-        {
-            *index = slots[i];
-            *value = fields[i];
-            return DFLASH_ERR_DDTREE_SHAPE;
-        }
-    }
-    return DFLASH_OK;
+    ShapeField const fields[] = {{3, poolSize, 1, 0}, {6, width, 1, 0}, {7, branches, 1, 0}};
+    return checkShape(batch, fields, detail);
 }
 
 //! Thread `row` of the lookup kernel: history rows `rowStride` apart (a view of a wider buffer), `capacity` readable

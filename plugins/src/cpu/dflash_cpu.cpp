@@ -389,12 +389,9 @@ int32_t dflash_ddtree_build_cpu(double const* topk_logprobs, int64_t const* topk
     DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::ddtreeShapeError(batch, depth, k, budget, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::ddtreeShapeError(batch, depth, k, budget, detail); code != DFLASH_OK)
     {
-        return reportError(detail, code, -1, index, value);
+        return code;
     }
     bool const needsInputs = depth > 0 && k > 0;
     if (batch > 0
@@ -416,12 +413,9 @@ int32_t dflash_path_sums_cpu(double const* values, int64_t const* parents, int32
     DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::pathSumsShapeError(batch, n, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::pathSumsShapeError(batch, n, detail); code != DFLASH_OK)
     {
-        return reportError(detail, code, -1, index, value);
+        return code;
     }
     if (batch > 0 && n > 0 && (values == nullptr || parents == nullptr || out == nullptr))
     {
@@ -440,12 +434,9 @@ int32_t dflash_walk_cpu(int64_t const* tokens, int64_t const* parents, unsigned 
     int64_t* bonus, DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::walkShapeError(batch, n, max_path, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::walkShapeError(batch, n, max_path, detail); code != DFLASH_OK)
     {
-        return reportError(detail, code, -1, index, value);
+        return code;
     }
     if (batch > 0
         && (tokens == nullptr || parents == nullptr || valid == nullptr || choices == nullptr || path == nullptr
@@ -467,13 +458,9 @@ int32_t dflash_lookup_cpu(int64_t const* history, int64_t row_stride, int32_t ca
     int64_t* tokens, int64_t* branch_lengths, int64_t* ngram, DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code
-        = dflash::lookupShapeError(batch, capacity, width, branches, max_ngram, min_ngram, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::lookupShapeError(batch, capacity, width, branches, max_ngram, min_ngram, detail); code != DFLASH_OK)
     {
-        return reportError(detail, code, -1, index, value);
+        return code;
     }
     if (batch > 0
         && ((capacity > 0 && history == nullptr) || lengths == nullptr || tokens == nullptr
@@ -497,12 +484,9 @@ int32_t dflash_graft_cpu(int64_t const* tokens, int64_t const* parents, int64_t 
     DFlashErrorDetail* detail)
 {
     reportError(detail, DFLASH_OK, -1, -1, -1);
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::graftShapeError(batch, pool_size, branches, width, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::graftShapeError(batch, pool_size, branches, width, detail); code != DFLASH_OK)
     {
-        return reportError(detail, code, -1, index, value);
+        return code;
     }
     void const* required[] = {tokens, parents, depths, valid, num_nodes, scores, pool_cond, branch_tokens,
         branch_cond, out_tokens, out_parents, out_depths, out_valid, out_num_nodes, out_scores, out_cond,

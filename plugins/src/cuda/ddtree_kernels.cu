@@ -90,9 +90,7 @@ cudaError_t launchLookup(int64_t const* history, int64_t rowStride, int32_t capa
     int64_t const* limits, int32_t batch, int32_t width, int32_t maxNgram, int32_t minNgram, int32_t branches,
     int64_t* tokens, int64_t* branchLengths, int64_t* ngram, cudaStream_t stream)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    if (lookupShapeError(batch, capacity, width, branches, maxNgram, minNgram, &index, &value) != DFLASH_OK)
+    if (lookupShapeError(batch, capacity, width, branches, maxNgram, minNgram, nullptr) != DFLASH_OK)
     {
         return cudaErrorInvalidValue;
     }
@@ -112,9 +110,7 @@ cudaError_t launchGraft(int64_t const* tokens, int64_t const* parents, int64_t c
     int64_t* outTokens, int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes,
     double* outScores, double* outCond, unsigned char* outOnBranch, int64_t* scratch, cudaStream_t stream)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    if (graftShapeError(batch, poolSize, branches, width, &index, &value) != DFLASH_OK)
+    if (graftShapeError(batch, poolSize, branches, width, nullptr) != DFLASH_OK)
     {
         return cudaErrorInvalidValue;
     }
@@ -133,9 +129,7 @@ cudaError_t launchWalk(int64_t const* tokens, int64_t const* parents, unsigned c
     int64_t const* choices, int32_t batch, int32_t n, int32_t maxPath, int64_t* path, int64_t* lengths,
     int64_t* bonus, cudaStream_t stream)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    if (walkShapeError(batch, n, maxPath, &index, &value) != DFLASH_OK)
+    if (walkShapeError(batch, n, maxPath, nullptr) != DFLASH_OK)
     {
         return cudaErrorInvalidValue;
     }
@@ -152,9 +146,7 @@ cudaError_t launchWalk(int64_t const* tokens, int64_t const* parents, unsigned c
 cudaError_t launchPathSums(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
     cudaStream_t stream)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    if (pathSumsShapeError(batch, n, &index, &value) != DFLASH_OK)
+    if (pathSumsShapeError(batch, n, nullptr) != DFLASH_OK)
     {
         return cudaErrorInvalidValue;
     }
@@ -172,9 +164,7 @@ cudaError_t launchDDTreeBuild(double const* logprobs, int64_t const* tokens, int
     int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes, double* outScores,
     unsigned char* scratch, cudaStream_t stream)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    if (ddtreeShapeError(batch, depth, k, budget, &index, &value) != DFLASH_OK)
+    if (ddtreeShapeError(batch, depth, k, budget, nullptr) != DFLASH_OK)
     {
         return cudaErrorInvalidValue;
     }

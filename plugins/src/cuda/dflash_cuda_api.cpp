@@ -60,12 +60,9 @@ int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* top
     int64_t* parents, int64_t* depths, unsigned char* valid, int64_t* num_nodes, double* scores, void* scratch,
     void* stream, DFlashErrorDetail* detail)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::ddtreeShapeError(batch, depth, k, budget, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::ddtreeShapeError(batch, depth, k, budget, detail); code != DFLASH_OK)
     {
-        return dflash::reportError(detail, code, -1, index, value);
+        return code;
     }
     return statusOf(dflash::launchDDTreeBuild(topk_logprobs, topk_tokens, roots, max_depth, batch, depth, k, budget,
                         tokens, parents, depths, valid, num_nodes, scores, static_cast<unsigned char*>(scratch),
@@ -76,12 +73,9 @@ int32_t dflash_ddtree_build_cuda(double const* topk_logprobs, int64_t const* top
 int32_t dflash_path_sums_cuda(double const* values, int64_t const* parents, int32_t batch, int32_t n, double* out,
     void* stream, DFlashErrorDetail* detail)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::pathSumsShapeError(batch, n, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::pathSumsShapeError(batch, n, detail); code != DFLASH_OK)
     {
-        return dflash::reportError(detail, code, -1, index, value);
+        return code;
     }
     return statusOf(dflash::launchPathSums(values, parents, batch, n, out, static_cast<cudaStream_t>(stream)), detail);
 }
@@ -90,12 +84,9 @@ int32_t dflash_walk_cuda(int64_t const* tokens, int64_t const* parents, unsigned
     int64_t const* choices, int32_t batch, int32_t n, int32_t max_path, int64_t* path, int64_t* lengths,
     int64_t* bonus, void* stream, DFlashErrorDetail* detail)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::walkShapeError(batch, n, max_path, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::walkShapeError(batch, n, max_path, detail); code != DFLASH_OK)
     {
-        return dflash::reportError(detail, code, -1, index, value);
+        return code;
     }
     return statusOf(dflash::launchWalk(tokens, parents, valid, choices, batch, n, max_path, path, lengths, bonus,
                         static_cast<cudaStream_t>(stream)),
@@ -106,13 +97,9 @@ int32_t dflash_lookup_cuda(int64_t const* history, int64_t row_stride, int32_t c
     int64_t const* limits, int32_t batch, int32_t width, int32_t max_ngram, int32_t min_ngram, int32_t branches,
     int64_t* tokens, int64_t* branch_lengths, int64_t* ngram, void* stream, DFlashErrorDetail* detail)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code
-        = dflash::lookupShapeError(batch, capacity, width, branches, max_ngram, min_ngram, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::lookupShapeError(batch, capacity, width, branches, max_ngram, min_ngram, detail); code != DFLASH_OK)
     {
-        return dflash::reportError(detail, code, -1, index, value);
+        return code;
     }
     return statusOf(dflash::launchLookup(history, row_stride, capacity, lengths, limits, batch, width, max_ngram,
                         min_ngram, branches, tokens, branch_lengths, ngram, static_cast<cudaStream_t>(stream)),
@@ -126,12 +113,9 @@ int32_t dflash_graft_cuda(int64_t const* tokens, int64_t const* parents, int64_t
     int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
     void* stream, DFlashErrorDetail* detail)
 {
-    int32_t index = -1;
-    int64_t value = 0;
-    int32_t const code = dflash::graftShapeError(batch, pool_size, branches, width, &index, &value);
-    if (code != DFLASH_OK)
+    if (int32_t const code = dflash::graftShapeError(batch, pool_size, branches, width, detail); code != DFLASH_OK)
     {
-        return dflash::reportError(detail, code, -1, index, value);
+        return code;
     }
     return statusOf(dflash::launchGraft(tokens, parents, depths, valid, num_nodes, scores, pool_cond, batch,
                         pool_size, branch_tokens, branch_cond, branches, width, out_tokens, out_parents, out_depths,
