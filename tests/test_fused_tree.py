@@ -180,7 +180,7 @@ def test_path_values_in_one_pass_equal_the_rounds_bit_for_bit():
                                torch.tensor(rng.uniform(0.05, 0.95, size=(batch, 2, width))))
         assert isinstance(grafted, Grafted)
         rounds = max(depth, width)
-        fused = policy.path_values(grafted, rounds, fused=None)
+        fused = policy.path_values(grafted, rounds, fused=True)
         ops = policy.path_values(grafted, rounds, fused=False)
         assert fused.dtype == ops.dtype == torch.float64 and torch.equal(fused, ops)
         assert torch.equal(policy.expected_tokens(fused), policy.expected_tokens(ops))
