@@ -47,17 +47,6 @@ CUDA_LIBRARY_NAME = "libdflash_plugins_cuda.so"
 #: Must equal dflash::kMaxDDTreeBudget (plugins/include/dflash/ddtree_core.h); the tests check it.
 MAX_BUDGET = 255
 
-_P, _I32 = ctypes.c_void_p, ctypes.c_int32
-#: The CUDA library's functions: their arguments before the stream and the error detail (the CPU library's
-#: ``dflash_<name>_cpu`` take the same, without the stream: kernels._SIGNATURES).
-CUDA_SIGNATURES = {
-    "ddtree_build": [_P] * 4 + [_I32] * 4 + [_P] * 7,
-    "path_sums": [_P] * 2 + [_I32] * 2 + [_P],
-    "walk": [_P] * 4 + [_I32] * 3 + [_P] * 3,
-    "lookup": [_P, ctypes.c_int64, _I32] + [_P] * 2 + [_I32] * 5 + [_P] * 3,
-    "graft": [_P] * 7 + [_I32] * 2 + [_P] * 2 + [_I32] * 2 + [_P] * 9,
-}
-
 _cuda_library: ctypes.CDLL | None = None
 _cuda_searched = False
 
@@ -73,7 +62,7 @@ def mode() -> str:
 
 def load_cuda_library() -> ctypes.CDLL | None:
     """The CUDA plugin library (looked up as the CPU one is: ``$DFLASH_PLUGIN_LIB``, then ``plugins/build``), or
-    None when it is not built. A library built from older sources (one of ``CUDA_SIGNATURES`` missing) counts as
+    None when it is not built. A library built from older sources (one of ``kernels.FUSED_KERNEL_ARGS`` missing) counts as
     not built."""
     global _cuda_library, _cuda_searched
     if _cuda_library is not None or _cuda_searched:
@@ -86,12 +75,12 @@ def load_cuda_library() -> ctypes.CDLL | None:
             lib = ctypes.CDLL(str(candidate))
         except OSError:  # no CUDA runtime on this machine
             continue
-        functions = {name: getattr(lib, f"dflash_{name}_cuda", None) for name in CUDA_SIGNATURES}
+        functions = {name: getattr(lib, f"dflash_{name}_cuda", None) for name in kernels.FUSED_KERNEL_ARGS}
         if any(fn is None for fn in functions.values()):
             continue
         for name, fn in functions.items():
             fn.restype = ctypes.c_int32
-            fn.argtypes = [*CUDA_SIGNATURES[name], ctypes.c_void_p, ctypes.POINTER(kernels._ErrorDetail)]
+            fn.argtypes = [*kernels.FUSED_KERNEL_ARGS[name], ctypes.c_void_p, ctypes.POINTER(kernels._ErrorDetail)]
         _cuda_library = lib
         break
     return _cuda_library

@@ -84,6 +84,17 @@ _DETAILP = ctypes.POINTER(_ErrorDetail)
 _i32 = ctypes.c_int32
 _i64 = ctypes.c_int64
 
+_P = ctypes.c_void_p
+#: The fused tree kernels (fused_tree.py): their arguments before the error detail, the same in
+#: ``dflash_<name>_cpu`` and ``dflash_<name>_cuda`` (which takes the CUDA stream between them).
+FUSED_KERNEL_ARGS = {
+    "ddtree_build": [_P] * 4 + [_i32] * 4 + [_P] * 7,
+    "path_sums": [_P] * 2 + [_i32] * 2 + [_P],
+    "walk": [_P] * 4 + [_i32] * 3 + [_P] * 3,
+    "lookup": [_P, _i64, _i32] + [_P] * 2 + [_i32] * 5 + [_P] * 3,
+    "graft": [_P] * 7 + [_i32] * 2 + [_P] * 2 + [_i32] * 2 + [_P] * 9,
+}
+
 _SIGNATURES = {
     "dflash_abi_version": (_i32, []),
     "dflash_max_tree_nodes": (_i32, []),
@@ -104,14 +115,8 @@ _SIGNATURES = {
         [ctypes.c_void_p, _i64, _i64, _i64, _i32, _I32P, _i32, _DETAILP],
     ),
     "dflash_max_ddtree_budget": (_i32, []),
-    "dflash_ddtree_build_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 4 + [ctypes.c_void_p] * 7 + [_DETAILP]),
     "dflash_ddtree_scratch_bytes": (_i32, [_i32]),
-    "dflash_path_sums_cpu": (_i32, [ctypes.c_void_p] * 2 + [_i32] * 2 + [ctypes.c_void_p, _DETAILP]),
-    "dflash_walk_cpu": (_i32, [ctypes.c_void_p] * 4 + [_i32] * 3 + [ctypes.c_void_p] * 3 + [_DETAILP]),
-    "dflash_lookup_cpu": (_i32, [ctypes.c_void_p, _i64, _i32, ctypes.c_void_p, ctypes.c_void_p] + [_i32] * 5
-                          + [ctypes.c_void_p] * 3 + [_DETAILP]),
-    "dflash_graft_cpu": (_i32, [ctypes.c_void_p] * 7 + [_i32] * 2 + [ctypes.c_void_p] * 2 + [_i32] * 2
-                         + [ctypes.c_void_p] * 9 + [_DETAILP]),
+    **{f"dflash_{name}_cpu": (_i32, [*args, _DETAILP]) for name, args in FUSED_KERNEL_ARGS.items()},
     "dflash_emulate_tree_mask_kernel": (_i32, [_I32P, _I32P, _i32, _i32, _i32, _I32P, _I32P, _I32P]),
     "dflash_emulate_kv_compact_linear_kernel": (
         _i32,
