@@ -73,7 +73,7 @@ from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids
 from tensorrt_llm_dflash.decode import GenerationResult, speculative_generate  # noqa: E402
 from tensorrt_llm_dflash.device_lookup import Grafted, graft_device, lookup_device  # noqa: E402
 from tensorrt_llm_dflash.device_policy import POLICY_BUCKETS, DevicePolicy  # noqa: E402
-from tensorrt_llm_dflash.device_tree import build_ddtree_device, walk_device  # noqa: E402
+from tensorrt_llm_dflash.device_tree import build_ddtree_device, visibility_device, walk_device  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel, load_dflash_drafter, save_dflash_drafter  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashInputError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
@@ -830,7 +830,8 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
                      work: Path) -> None:
     """The fused DDTree build (``fused_tree``: the plugin library's one launch) on this device: bit for bit the tensor
     ops' tree on random marginals (ties, -inf, depth limits; batches of 1 to 16; budgets to 255), and the fused path
-    values, the walk, prompt-lookup branches and their grafting equal to the tensor ops'; both builds timed at the
+    values, the walk, prompt-lookup branches and their grafting, the select and the visibility mask equal to the tensor
+    ops'; both builds timed at the
     cost-aware pool's shape (63 nodes, 15 depths: in a CUDA graph on CUDA), and the default decoder with it decoding
     the same tokens, acceptance lengths and tree sizes as with the tensor ops, its tree-build stage timed both ways.
     On CUDA it needs the library ``plugins/cmake`` built; on a CPU the CPU library (skipped where neither is, and with
@@ -851,60 +852,78 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
                 raise (RuntimeError(str(err)) if device.type == "cuda" else Skip(str(err))) from None
         rng = np.random.default_rng(0)
         policy = DevicePolicy(16, POLICY_BUCKETS, device)
-        trees = nodes = paths = branches = 0
-        for turn in range(48):
-            batch = (1, 4, 16)[turn % 3]
-            depth, k = int(rng.integers(1, 17)), int(rng.integers(1, 81))
-            budget = (1, 7, 31, 63, 127, 255)[turn % 6]
-            lp, tokens, roots = random_marginals(rng, batch, depth, k, device, ties=turn % 4 == 0)
-            if turn % 5 == 0:
-                lp[:, :, int(rng.integers(1, k + 1)):] = float("-inf")  # a reduced draft vocabulary
-            limit = torch.tensor(rng.integers(0, depth + 2, size=batch), device=device) if turn % 2 else None
-            fused = fused_tree.build_ddtree_fused(roots, lp, tokens, budget, limit, where=where)
-            ops = build_ddtree_device(roots, lp, tokens, budget, limit, fused=False)
-            for name in ("tokens", "parents", "depths", "valid", "num_nodes", "scores"):
-                if not torch.equal(getattr(fused, name), getattr(ops, name)):
-                    raise Mismatch(f"fused DDTree build: {name} differs from the tensor ops (turn {turn}, batch "
-                                   f"{batch}, depth {depth}, k {k}, budget {budget})")
-            # The cost-aware tree's path values on it (random conditionals): one pass against the depth rounds.
-            cond = torch.where(ops.parents < 0, 1.0, torch.rand(ops.tokens.shape, dtype=torch.float64, device=device))
-            candidates = Grafted(ops, cond, torch.zeros_like(ops.valid))
-            with fused_tree_mode("on"):
-                one_pass = policy.path_values(candidates, depth, fused=True)
-            if not torch.equal(one_pass, policy.path_values(candidates, depth, fused=False)):
-                raise Mismatch(f"fused path values differ from the depth rounds (turn {turn}, batch {batch})")
-            # The walk, on choices that follow real paths (each parent's choice is one of its children's tokens).
-            choices = torch.randint(0, 49152, ops.tokens.shape, device=device).scatter_(
-                1, ops.parents.clamp(min=0)[:, 1:], ops.tokens[:, 1:].clamp(min=0))
-            for width in (depth + 1, budget + 1):
+        trees = nodes = paths = branches = selected = 0
+        # Every fused call below names its implementation (fused=True/False); "on" lets the True ones run on CUDA.
+        with fused_tree_mode("on"):
+            for turn in range(48):
+                batch = (1, 4, 16)[turn % 3]
+                depth, k = int(rng.integers(1, 17)), int(rng.integers(1, 81))
+                budget = (1, 7, 31, 63, 127, 255)[turn % 6]
+                lp, tokens, roots = random_marginals(rng, batch, depth, k, device, ties=turn % 4 == 0)
+                if turn % 5 == 0:
+                    lp[:, :, int(rng.integers(1, k + 1)):] = float("-inf")  # a reduced draft vocabulary
+                limit = torch.tensor(rng.integers(0, depth + 2, size=batch), device=device) if turn % 2 else None
+                fused = fused_tree.build_ddtree_fused(roots, lp, tokens, budget, limit, where=where)
+                ops = build_ddtree_device(roots, lp, tokens, budget, limit, fused=False)
+                for name in ("tokens", "parents", "depths", "valid", "num_nodes", "scores"):
+                    if not torch.equal(getattr(fused, name), getattr(ops, name)):
+                        raise Mismatch(f"fused DDTree build: {name} differs from the tensor ops (turn {turn}, batch "
+                                       f"{batch}, depth {depth}, k {k}, budget {budget})")
+                # The cost-aware tree's path values on it (random conditionals): one pass against the depth rounds.
+                cond = torch.where(ops.parents < 0, 1.0, torch.rand(ops.tokens.shape, dtype=torch.float64, device=device))
+                candidates = Grafted(ops, cond, torch.zeros_like(ops.valid))
                 with fused_tree_mode("on"):
-                    walked = walk_device(ops, choices, width, fused=True)
-                if not all(torch.equal(a, b) for a, b in zip(walked, walk_device(ops, choices, width, fused=False))):
-                    raise Mismatch(f"the fused walk differs from the tensor ops (turn {turn}, width {width})")
-            paths += int((walked[1] > 1).sum())
-            # Lookup branches in a repetitive history (a view of a wider buffer), grafted into the pool.
-            vocab = int(rng.integers(2, 9))
-            buffer = torch.tensor(rng.integers(0, vocab, size=(batch, 300)), device=device)
-            history, lengths = buffer[:, :256], torch.tensor(rng.integers(0, 257, size=batch), device=device)
-            look = [lookup_device(history, lengths, 10, limit, 4, 1, 2, fused=f) for f in (True, False)]
-            if not all(torch.equal(getattr(look[0], f), getattr(look[1], f)) for f in ("tokens", "lengths", "ngram")):
-                raise Mismatch(f"the fused lookup differs from the tensor ops (turn {turn})")
-            # A pool over the same small vocabulary (distinct tokens per depth, as a DDTree's), so they share prefixes.
-            ranks = min(k, vocab)
-            draws = torch.argsort(torch.rand(batch, depth, vocab, device=device), dim=-1)[:, :, :ranks]
-            pool = build_ddtree_device(roots, lp[:, :, :ranks], draws, budget, limit, fused=False)
-            cond = policy.draft_conditional(pool)
-            grafts = [graft_device(pool, cond, look[1], policy.lookup_conditional(look[1]), fused=f)
-                      for f in (True, False)]
-            same = all(torch.equal(getattr(grafts[0].tree, f), getattr(grafts[1].tree, f))
-                       for f in ("tokens", "parents", "depths", "valid", "num_nodes", "scores"))
-            if not (same and torch.equal(grafts[0].cond, grafts[1].cond)
-                    and torch.equal(grafts[0].on_branch, grafts[1].on_branch)):
-                raise Mismatch(f"the fused graft differs from the tensor ops (turn {turn})")
-            branches += int((look[1].lengths > 0).sum())
-            trees += batch
-            nodes += int(ops.num_nodes.sum())
-        c.figures.update(backend=where, trees=trees, nodes=nodes, accepted_paths=paths, lookup_branches=branches)
+                    one_pass = policy.path_values(candidates, depth, fused=True)
+                if not torch.equal(one_pass, policy.path_values(candidates, depth, fused=False)):
+                    raise Mismatch(f"fused path values differ from the depth rounds (turn {turn}, batch {batch})")
+                # The walk, on choices that follow real paths (each parent's choice is one of its children's tokens).
+                choices = torch.randint(0, 49152, ops.tokens.shape, device=device).scatter_(
+                    1, ops.parents.clamp(min=0)[:, 1:], ops.tokens[:, 1:].clamp(min=0))
+                for width in (depth + 1, budget + 1):
+                    with fused_tree_mode("on"):
+                        walked = walk_device(ops, choices, width, fused=True)
+                    if not all(torch.equal(a, b) for a, b in zip(walked, walk_device(ops, choices, width, fused=False))):
+                        raise Mismatch(f"the fused walk differs from the tensor ops (turn {turn}, width {width})")
+                paths += int((walked[1] > 1).sum())
+                # Lookup branches in a repetitive history (a view of a wider buffer), grafted into the pool.
+                vocab = int(rng.integers(2, 9))
+                buffer = torch.tensor(rng.integers(0, vocab, size=(batch, 300)), device=device)
+                history, lengths = buffer[:, :256], torch.tensor(rng.integers(0, 257, size=batch), device=device)
+                look = [lookup_device(history, lengths, 10, limit, 4, 1, 2, fused=f) for f in (True, False)]
+                if not all(torch.equal(getattr(look[0], f), getattr(look[1], f)) for f in ("tokens", "lengths", "ngram")):
+                    raise Mismatch(f"the fused lookup differs from the tensor ops (turn {turn})")
+                # A pool over the same small vocabulary (distinct tokens per depth, as a DDTree's), so they share prefixes.
+                ranks = min(k, vocab)
+                draws = torch.argsort(torch.rand(batch, depth, vocab, device=device), dim=-1)[:, :, :ranks]
+                pool = build_ddtree_device(roots, lp[:, :, :ranks], draws, budget, limit, fused=False)
+                cond = policy.draft_conditional(pool)
+                grafts = [graft_device(pool, cond, look[1], policy.lookup_conditional(look[1]), fused=f)
+                          for f in (True, False)]
+                same = all(torch.equal(getattr(grafts[0].tree, f), getattr(grafts[1].tree, f))
+                           for f in ("tokens", "parents", "depths", "valid", "num_nodes", "scores"))
+                if not (same and torch.equal(grafts[0].cond, grafts[1].cond)
+                        and torch.equal(grafts[0].on_branch, grafts[1].on_branch)):
+                    raise Mismatch(f"the fused graft differs from the tensor ops (turn {turn})")
+                # The cost-aware tree's best nodes of those candidates, and the verifier's mask of both trees.
+                values = policy.path_values(grafts[1], max(depth, 10), fused=False)
+                for size in (1, 2, 16, 64):
+                    size = min(size, grafts[1].tree.tokens.shape[1])
+                    picks = [policy.select(grafts[1], values, size, fused=f) for f in (True, False)]
+                    same = all(torch.equal(getattr(picks[0].tree, f), getattr(picks[1].tree, f))
+                               for f in ("tokens", "parents", "depths", "valid", "num_nodes", "scores"))
+                    if not (same and torch.equal(picks[0].cond, picks[1].cond)
+                            and torch.equal(picks[0].on_branch, picks[1].on_branch)):
+                        raise Mismatch(f"the fused select differs from the tensor ops (turn {turn}, size {size})")
+                    for chosen in (grafts[1].tree, picks[1].tree):
+                        masks = [visibility_device(chosen, fused=f) for f in (True, False)]
+                        if not torch.equal(*masks):
+                            raise Mismatch(f"the fused visibility differs from the tensor ops (turn {turn}, size {size})")
+                    selected += int(picks[1].tree.num_nodes.sum())
+                branches += int((look[1].lengths > 0).sum())
+                trees += batch
+                nodes += int(ops.num_nodes.sum())
+        c.figures.update(backend=where, trees=trees, nodes=nodes, accepted_paths=paths, lookup_branches=branches,
+                         selected_nodes=selected)
     with report.check("fused-tree/ms") as c:
         if where is None:
             raise Skip("the fused build does not run here")

@@ -178,9 +178,14 @@ class DevicePolicy:
             log_v = torch.where(tree.parents < 0, log_c, log_c + log_v.gather(1, parents))
         return torch.exp(log_v)
 
-    def select(self, candidates: Grafted, values: torch.Tensor, size: int) -> Grafted:
-        """The ``size`` best nodes by value (root first, ties parent-first), as a tree in parent-first order."""
+    def select(self, candidates: Grafted, values: torch.Tensor, size: int, fused: bool | None = None) -> Grafted:
+        """The ``size`` best nodes by value (root first, ties parent-first), as a tree in parent-first order.
+        ``fused``: three passes per row in the plugin library (``fused_tree.select``, the same tree bit for bit)
+        where ``DFLASH_FUSED_TREE`` allows (None), required (True), or the tensor ops below (False)."""
         tree = candidates.tree
+        where = fused_tree.backend(tree.tokens.device) if fused is not False else None
+        if where is not None or fused:
+            return fused_tree.select(candidates, values, size, where=where)
         order = torch.sort(-values, dim=1, stable=True).indices[:, :size]  # root has value 1: always first
         kept = torch.sort(order, dim=1).values  # ascending pool index: parents before children
         new_index = torch.full_like(tree.parents, -1).scatter_(

@@ -239,16 +239,23 @@ def _jump_rounds(longest_path: int) -> int:
     return max(int(longest_path), 0).bit_length()
 
 
-def visibility_device(tree: DeviceTree, max_depth: int | None = None) -> torch.Tensor:
+def visibility_device(tree: DeviceTree, max_depth: int | None = None, *, fused: bool | None = None) -> torch.Tensor:
     """Ancestor-or-self mask, bool [B, N, N]: ``vis[b, i, j]`` iff j is i or an ancestor of i.
 
     Padding rows see only themselves (a non-empty attention row) and no row sees a padding column.
     ``max_depth`` (static; default N - 1) bounds the depth of real nodes; the mask is built by pointer
     doubling in ``bit_length(max_depth)`` rounds of one row gather each (4 rounds for a 16-token block),
     not one round per depth: after round r a row holds the 2^r nearest nodes of its root path.
+
+    ``fused``: the plugin library's walk up each node's path (:func:`fused_tree.visibility`, the same mask bit for
+    bit, the same ``2^rounds - 1`` steps up) where ``DFLASH_FUSED_TREE`` allows (None), required (True), or the
+    tensor ops below (False).
     """
     batch, n = tree.parents.shape
     longest = n - 1 if max_depth is None else min(int(max_depth), n - 1)
+    where = fused_tree.backend(tree.parents.device) if fused is not False and n > 0 else None
+    if where is not None or fused:
+        return fused_tree.visibility(tree, (1 << _jump_rounds(longest)) - 1, where=where)
     jump = tree.parents.clamp(min=0)  # the root jumps to itself, so a saturated jump adds nothing new
     vis = torch.eye(n, dtype=torch.bool, device=tree.parents.device)[None].expand(batch, -1, -1)
     for _ in range(_jump_rounds(longest)):

@@ -12,7 +12,9 @@ tensor ops and ``tree.build_ddtree`` do (``tests/test_fused_tree.py``). The cost
 values get the same treatment (:func:`path_sums`: one pass per row for ``device_policy.path_values``'s
 depth-by-depth rounds, ~60 ops), and so does the verifier's walk (:func:`walk`: ``device_tree.walk_device``'s
 result from one scan per row instead of pointer doubling, ~45 ops), and the prompt-lookup branches and their
-grafting (:func:`lookup`, :func:`graft`: ``device_lookup``'s results, ~90 and ~80 ops).
+grafting (:func:`lookup`, :func:`graft`: ``device_lookup``'s results, ~90 and ~80 ops), the cost-aware tree's
+choice of its best nodes (:func:`select`: ``DevicePolicy.select``'s, ~30 ops) and the verifier's
+ancestor-or-self mask (:func:`visibility`: ``device_tree.visibility_device``'s, ~17 ops).
 
 Which build runs is :data:`FUSED_TREE_ENV` (``DFLASH_FUSED_TREE``):
 
@@ -269,3 +271,51 @@ def graft(pool: DeviceTree, pool_cond: torch.Tensor, branches, branch_cond: torc
     tree = DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)
     return Grafted(tree=tree, cond=cond, on_branch=on_branch)
 
+
+
+def select(candidates, values: torch.Tensor, size: int, *, where: str | None = None):
+    """``device_policy.DevicePolicy.select``'s ``Grafted``: the ``size`` best candidates by value (a stable sort's
+    order: ties by column), renumbered in parent-first order, from three passes per row (same arguments, same result
+    bit for bit; ``1 <= size <=`` the candidates' columns)."""
+    import torch
+
+    from .device_lookup import Grafted
+    from .device_tree import DeviceTree
+
+    tree = candidates.tree
+    where = _where(tree.tokens.device, where, "select")
+    batch, n = (int(x) for x in tree.tokens.shape)
+    size = int(size)
+    device = tree.tokens.device
+    inputs = [values.to(torch.float64), tree.tokens.to(torch.long), tree.parents.to(torch.long),
+              tree.depths.to(torch.long), tree.valid.to(torch.bool), tree.scores.to(torch.float64),
+              candidates.cond.to(torch.float64), candidates.on_branch.to(torch.bool)]
+    inputs = [t.contiguous() for t in inputs]
+    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
+    parents, depths = torch.empty_like(tokens), torch.empty_like(tokens)
+    valid = torch.empty(batch, size, dtype=torch.bool, device=device)
+    num_nodes = torch.empty(batch, dtype=torch.long, device=device)
+    scores = torch.empty(batch, size, dtype=torch.float64, device=device)
+    cond = torch.empty_like(scores)
+    on_branch = torch.empty_like(valid)
+    scratch = torch.empty(batch, 2 * n, dtype=torch.long, device=device)  # each node's rank, then its new column
+    _call(where, "select", device, *(t.data_ptr() for t in inputs), batch, n, size,
+          *(t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores, cond, on_branch, scratch)))
+    chosen = DeviceTree(tokens=tokens, parents=parents, depths=depths, valid=valid, num_nodes=num_nodes, scores=scores)
+    return Grafted(tree=chosen, cond=cond, on_branch=on_branch)
+
+
+def visibility(tree: DeviceTree, max_hops: int, *, where: str | None = None) -> torch.Tensor:
+    """``device_tree.visibility_device``'s bool mask [B, N, N] from one pass per node: itself, and for a valid
+    node the first ``max_hops`` nodes up its root path (``visibility_device`` passes ``2**rounds - 1``, what its
+    pointer doubling covers)."""
+    import torch
+
+    where = _where(tree.parents.device, where, "visibility")
+    batch, n = (int(x) for x in tree.parents.shape)
+    parents = tree.parents.to(torch.long).contiguous()
+    valid = tree.valid.to(torch.bool).contiguous()
+    out = torch.empty(batch, n, n, dtype=torch.bool, device=parents.device)
+    _call(where, "visibility", parents.device, parents.data_ptr(), valid.data_ptr(), batch, n, int(max_hops),
+          out.data_ptr())
+    return out

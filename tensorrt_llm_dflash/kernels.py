@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 LIBRARY_NAME = "libdflash_plugins_cpu.so"
 LIBRARY_ENV_VAR = "DFLASH_PLUGIN_LIB"
 #: Must match kAbiVersion in plugins/src/cpu/dflash_cpu.cpp.
-ABI_VERSION = 3
+ABI_VERSION = 4
 REPO_BUILD_DIR = Path(__file__).resolve().parent.parent / "plugins" / "build"
 
 # Status codes of plugins/include/dflash/common.h (part of the ABI).
@@ -60,7 +60,8 @@ ERR_BLOCK_OFFSET = 17
 ERR_CUDA = 18
 ERR_DDTREE_SHAPE = 19
 #: The field a DFLASH_ERR_DDTREE_SHAPE detail's index names (common.h).
-_SHAPE_FIELDS = ("budget", "depth", "k", "nodes", "max_path", "capacity", "width", "branches", "ngram")
+_SHAPE_FIELDS = ("budget", "depth", "k", "nodes", "max_path", "capacity", "width", "branches", "ngram", "size",
+                 "max_hops")
 
 
 class PluginLibraryNotFound(FileNotFoundError):
@@ -93,6 +94,8 @@ FUSED_KERNEL_ARGS = {
     "walk": [_P] * 4 + [_i32] * 3 + [_P] * 3,
     "lookup": [_P, _i64, _i32] + [_P] * 2 + [_i32] * 5 + [_P] * 3,
     "graft": [_P] * 7 + [_i32] * 2 + [_P] * 2 + [_i32] * 2 + [_P] * 9,
+    "select": [_P] * 8 + [_i32] * 3 + [_P] * 9,
+    "visibility": [_P] * 2 + [_i32] * 2 + [_i64, _P],
 }
 
 _SIGNATURES = {
@@ -279,7 +282,8 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
         ERR_DDTREE_SHAPE: (
             f"{_SHAPE_FIELDS[index] if 0 <= index < len(_SHAPE_FIELDS) else 'shape'}={value} is out of range for the "
             f"fused tree kernels (budget 0..{context.get('max_budget', '?')}, depth, k, nodes and capacity >= 0; the "
-            "walk's nodes and max_path, the lookup's width and branches >= 1; 1 <= min_ngram <= max_ngram)"
+            "walk's nodes and max_path, the lookup's width and branches >= 1; 1 <= min_ngram <= max_ngram; the select's "
+            "1 <= size <= nodes; max_hops >= 0)"
         ),
     }
     message = messages.get(code)

@@ -178,7 +178,7 @@ def test_device_selection_equals_the_eager_candidate_ranking(seed: int, fused: b
             n = min(size - 1, len(order))
             if 0 < n < len(order) and abs(ref_values[n - 1] - ref_values[n]) < 1e-9:
                 continue
-            chosen = policy.select(grafted, values, size)
+            chosen = policy.select(grafted, values, size, fused=fused)
             got = _grafted_paths(chosen.tree, chosen.cond, chosen.on_branch)
             sub, kept = ref.select(order[:n])
             want = {}

@@ -233,7 +233,7 @@ def test_visibility_and_walk_equal_the_reference(fused):
             tree = pad_tree(tree, tree.size + 7)
         size = tree.size
         eye = np.eye(size, dtype=bool)
-        for vis in (visibility_device(tree).numpy(), visibility_device(tree, depth).numpy()):
+        for vis in (visibility_device(tree, fused=fused).numpy(), visibility_device(tree, depth, fused=fused).numpy()):
             for b in range(rows):
                 ref = to_draft_tree(tree, b)
                 n = ref.num_nodes
@@ -329,12 +329,12 @@ def test_build_visibility_and_walk_read_nothing_on_the_host(fused):
         choices = torch.tensor(rng.integers(0, 50_000, size=(rows, budget + 1)))
         with NoHostSync():
             tree = build_ddtree_device(roots, values.float(), token_ids, budget, limits, fused=fused)
-            vis = visibility_device(tree)
-            vis_bounded = visibility_device(tree, depth)
+            vis = visibility_device(tree, fused=fused)
+            vis_bounded = visibility_device(tree, depth, fused=fused)
             path, length, bonus = walk_device(tree, choices, depth + 1, fused=fused)
             bucket = pad_tree(tree, budget + 9)
             chain = build_chain_device(roots, token_ids[:, :, 0], limits, size=16)
-            chain_vis = visibility_device(chain)
+            chain_vis = visibility_device(chain, fused=fused)
             chain_walk = walk_device(chain, choices[:, :1].expand(-1, 16), 16, fused=fused)
         n = budget + 1
         assert tree.tokens.shape == tree.parents.shape == tree.depths.shape == tree.valid.shape == (rows, n)

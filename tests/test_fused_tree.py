@@ -255,3 +255,102 @@ def test_lookup_and_graft_equal_the_tensor_ops_bit_for_bit():
         assert torch.equal(one.cond, other.cond) and torch.equal(one.on_branch, other.on_branch), turn
         shared += int((other.on_branch[:, : pool.size] & pool.valid).sum())  # branch nodes the pool already had
     assert found > 60 and shared > 20  # branches were found and grafted onto pool nodes, not only beside them
+
+
+def _random_candidates(rng: np.random.Generator, batch: int, n: int, ties: bool):
+    """Parent-first trees of 1..n real nodes (then padding), random tokens, scores, conditionals and branch flags, and
+    path values: in [0, 1] (with ``ties``: a few values repeated, -0.0, 0 and NaN among them)."""
+    from tensorrt_llm_dflash.device_lookup import Grafted
+
+    parents = np.zeros((batch, n), np.int64)
+    depths = np.zeros((batch, n), np.int64)
+    valid = np.zeros((batch, n), bool)
+    for b in range(batch):
+        real = int(rng.integers(1, n + 1))
+        parents[b, 0], valid[b, :real] = -1, True
+        for i in range(1, real):
+            parents[b, i] = rng.integers(0, i)
+            depths[b, i] = depths[b, parents[b, i]] + 1
+    if ties:
+        values = rng.choice(np.array([0.0, -0.0, 0.125, 0.25, 0.5, np.nan]), size=(batch, n))
+    else:
+        values = rng.uniform(0.0, 1.0, size=(batch, n))
+    values[:, 0] = 1.0
+    tree = DeviceTree(tokens=torch.tensor(rng.integers(-1, 60, size=(batch, n))), parents=torch.tensor(parents),
+                      depths=torch.tensor(depths), valid=torch.tensor(valid), num_nodes=torch.tensor(valid.sum(1)),
+                      scores=torch.tensor(rng.normal(size=(batch, n))))
+    candidates = Grafted(tree, torch.tensor(rng.uniform(0.0, 1.0, size=(batch, n))),
+                         torch.tensor(rng.uniform(size=(batch, n)) < 0.3))
+    return candidates, torch.tensor(values)
+
+
+def _assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: object) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape, what
+    if a.dtype == torch.float64:  # -0.0 against 0.0 and NaN payloads count too
+        a, b = a.view(torch.int64), b.view(torch.int64)
+    assert torch.equal(a, b), what
+
+
+def test_select_and_visibility_equal_the_tensor_ops_bit_for_bit():
+    """``DevicePolicy.select`` and ``visibility_device`` in the library against their tensor ops: random trees with
+    padding (values with ties, zeros, -0.0 and NaN; sizes 1, all and between) and real cost-aware candidates (a DDTree
+    pool with lookup branches grafted in, its path values), every output field, every visibility bound."""
+    from tensorrt_llm_dflash.device_lookup import graft_device, lookup_device
+    from tensorrt_llm_dflash.device_policy import DevicePolicy
+    from tensorrt_llm_dflash.device_tree import visibility_device
+
+    rng = np.random.default_rng(33)
+    policy = DevicePolicy(16, (2, 4, 8, 16, 32, 64), CPU, lookup_rows=12)
+    dropped = 0
+    for turn in range(120):
+        batch = (1, 3, 16)[turn % 3]
+        if turn % 2:
+            candidates, values = _random_candidates(rng, batch, int(rng.integers(1, 130)), ties=turn % 4 == 1)
+        else:  # a real pool and its grafted branches, valued by the policy
+            vocab, depth = int(rng.integers(2, 12)), int(rng.integers(1, 12))
+            lp, _, roots = marginals(rng, batch, depth, vocab, ties=turn % 4 == 0)
+            tokens = torch.stack([torch.stack([torch.tensor(rng.permutation(vocab)) for _ in range(depth)])
+                                  for _ in range(batch)])
+            pool = build_ddtree_device(roots, lp, tokens, int(rng.choice([3, 15, 63])), fused=False)
+            history, lengths = _lookup_inputs(rng, batch, int(rng.integers(1, 200)), vocab)
+            branches = lookup_device(history, lengths, 8, None, 4, 1, 2, fused=False)
+            candidates = graft_device(pool, policy.draft_conditional(pool), branches,
+                                      policy.lookup_conditional(branches), fused=False)
+            values = policy.path_values(candidates, max(depth, 8), fused=False)
+        tree = candidates.tree
+        n = tree.tokens.shape[1]
+        for size in sorted({1, n, int(rng.integers(1, n + 1))}):
+            fused = policy.select(candidates, values, size, fused=True)
+            ops = policy.select(candidates, values, size, fused=False)
+            for name in FIELDS:
+                _assert_same_bits(getattr(fused.tree, name), getattr(ops.tree, name), (turn, size, name))
+            _assert_same_bits(fused.cond, ops.cond, (turn, size, "cond"))
+            _assert_same_bits(fused.on_branch, ops.on_branch, (turn, size, "on_branch"))
+            dropped += int((ops.tree.num_nodes < size).sum())  # padding and value-0 nodes among the kept
+            for chosen in (tree, ops.tree):
+                depth = int(chosen.depths.max())
+                for bound in (None, depth, max(depth - 1, 0)):
+                    assert torch.equal(visibility_device(chosen, bound, fused=True),
+                                       visibility_device(chosen, bound, fused=False)), (turn, size, bound)
+    assert dropped > 50  # kept columns that became padding were compared too
+
+
+def test_select_and_visibility_refuse_bad_shapes_naming_the_field(cpu_library):
+    detail = kernels._ErrorDetail()
+    # (batch, n, size); the detail's index: 3 nodes, 9 size.
+    for args, field, value in (((1, 0, 1), 3, 0), ((1, 8, 0), 9, 0), ((1, 8, 9), 9, 9)):
+        code = cpu_library.dflash_select_cpu(*[None] * 8, *args, *[None] * 9, ctypes.byref(detail))
+        assert (code, detail.index, detail.value) == (kernels.ERR_DDTREE_SHAPE, field, value)
+    with pytest.raises(DFlashInputError, match=r"size=9 is out of range .* 1 <= size <= nodes"):
+        kernels._raise_for(kernels.ERR_DDTREE_SHAPE, detail, {"max_budget": fused_tree.MAX_BUDGET})
+    assert cpu_library.dflash_select_cpu(*[None] * 8, 2, 8, 4, *[None] * 9, ctypes.byref(detail)) \
+        == kernels.ERR_NULL_POINTER
+    assert cpu_library.dflash_select_cpu(*[None] * 8, 0, 8, 4, *[None] * 9, ctypes.byref(detail)) == kernels.OK
+    for args, field, value in (((1, 0, 3), 3, 0), ((1, 4, -1), 10, -1)):
+        code = cpu_library.dflash_visibility_cpu(None, None, *args, None, ctypes.byref(detail))
+        assert (code, detail.index, detail.value) == (kernels.ERR_DDTREE_SHAPE, field, value)
+    with pytest.raises(DFlashInputError, match=r"max_hops=-1 is out of range"):
+        kernels._raise_for(kernels.ERR_DDTREE_SHAPE, detail, {"max_budget": fused_tree.MAX_BUDGET})
+    candidates, values = _random_candidates(np.random.default_rng(0), 2, 6, ties=False)
+    with pytest.raises(DFlashInputError, match=r"size=7 is out of range"):
+        fused_tree.select(candidates, values, 7, where="cpu-library")

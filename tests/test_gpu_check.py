@@ -17,6 +17,7 @@ import pytest
 import torch
 from test_plugin_support import load_cpu_library
 
+from tensorrt_llm_dflash import fused_tree
 from tensorrt_llm_dflash.decode import GenerationResult, GenerationStats
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "gpu_check.py"
@@ -90,6 +91,23 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
     out = capsys.readouterr().out
     assert "ok   smollm2-135m-tiny/float32/ar/graphed tok_per_s: " in out  # one summary line per figure
     assert out.rstrip().splitlines()[-1].startswith("gpu_check: ") and " 0 failed" in out
+
+
+def test_the_fused_checks_run_where_the_kernels_are_opt_in(tmp_path, monkeypatch):
+    """On a GPU the fused kernels are opt-in (``auto`` runs the tensor ops there), so every ``fused=True`` call of the
+    fused-tree checks must run under their own ``on``. The CPU's ``auto`` would hide a call that does not: here the
+    checks run with ``DFLASH_FUSED_TREE=off`` around them, as a GPU's ``auto``, and must pass all the same."""
+    load_cpu_library()
+    module = load_gpu_check()
+    monkeypatch.setenv(fused_tree.FUSED_TREE_ENV, "off")
+    args = module.parse_args(["--tiny", "--device", "cpu", "--out", str(tmp_path)])
+    report = module.Report(tmp_path / "fused.json", {})
+    module.check_fused_tree(report, torch.device("cpu"), args, None, tmp_path)
+    checks = _checks(json.loads((tmp_path / "fused.json").read_text()))
+    assert [checks[name]["status"] for name in ("fused-tree/equal", "fused-tree/ms", "fused-tree/decoder")] == \
+        ["ok"] * 3, {name: c.get("error") for name, c in checks.items()}
+    assert checks["fused-tree/equal"]["figures"]["selected_nodes"] > 200  # selects compared, not skipped
+    assert fused_tree.mode() == "off"  # the checks' own modes were undone
 
 
 def test_a_failing_check_is_recorded_and_the_run_goes_on(tmp_path, capsys, monkeypatch):

@@ -53,7 +53,8 @@ typedef enum DFlashStatus
     DFLASH_ERR_BLOCK_OFFSET = 17,         //!< block offset outside its pool, or the pool pointer is null
     DFLASH_ERR_CUDA = 18,                 //!< a CUDA call failed; DFlashErrorDetail.value is the cudaError_t
     DFLASH_ERR_DDTREE_SHAPE = 19,         //!< fused tree kernels: budget (index 0), depth (1), k (2), nodes (3),
-                                          //!< max_path (4), capacity (5), width (6), branches (7), n-gram (8)
+                                          //!< max_path (4), capacity (5), width (6), branches (7), n-gram (8),
+                                          //!< size (9), max_hops (10)
     DFLASH_ERR_COUNT = 20                 //!< number of codes, not an error
 } DFlashStatus;
 

@@ -9,6 +9,8 @@
 // breaks the contract (see kv_compact_core.h) is skipped, not half-moved.
 #pragma once
 
+#include "dflash/select_core.h"
+
 #include <cstdint>
 #include <cuda_runtime_api.h>
 
@@ -67,5 +69,15 @@ cudaError_t launchGraft(int64_t const* tokens, int64_t const* parents, int64_t c
     int32_t poolSize, int64_t const* branchTokens, double const* branchCond, int32_t branches, int32_t width,
     int64_t* outTokens, int64_t* outParents, int64_t* outDepths, unsigned char* outValid, int64_t* outNumNodes,
     double* outScores, double* outCond, unsigned char* outOnBranch, int64_t* scratch, cudaStream_t stream);
+
+//! The cost-aware tree's select (select_core.h): one warp per row, its phases one node per lane; scratch
+//! [batch, 2n] int64. cudaErrorInvalidValue where selectShapeError refuses the shape.
+cudaError_t launchSelect(SelectRow const& row, int32_t batch, int32_t n, int32_t size, int64_t* outNumNodes,
+    int64_t* scratch, cudaStream_t stream);
+
+//! The ancestor-or-self mask (select_core.h, visibilityNode): one thread per node, out [batch, n, n] bytes.
+//! cudaErrorInvalidValue where visibilityShapeError refuses the shape.
+cudaError_t launchVisibility(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
+    int64_t maxHops, unsigned char* out, cudaStream_t stream);
 
 } // namespace dflash

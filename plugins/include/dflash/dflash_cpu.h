@@ -116,6 +116,21 @@ DFLASH_API int32_t dflash_graft_cpu(int64_t const* tokens, int64_t const* parent
     int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
     DFlashErrorDetail* detail);
 
+//! The cost-aware tree's `size` best candidates per row (select_core.h; device_policy.DevicePolicy.select's result):
+//! values (float64), tokens, parents, depths, valid (bytes), scores, cond, on_branch (bytes) [batch, n] in
+//! parent-first order; outputs [batch, size] (+ out_num_nodes [batch]); scratch [batch, 2 * n] int64.
+//! n >= 1 (detail index 3) and 1 <= size <= n (index 9), else DFLASH_ERR_DDTREE_SHAPE.
+DFLASH_API int32_t dflash_select_cpu(double const* values, int64_t const* tokens, int64_t const* parents,
+    int64_t const* depths, unsigned char const* valid, double const* scores, double const* cond,
+    unsigned char const* on_branch, int32_t batch, int32_t n, int32_t size, int64_t* out_tokens, int64_t* out_parents,
+    int64_t* out_depths, unsigned char* out_valid, int64_t* out_num_nodes, double* out_scores, double* out_cond,
+    unsigned char* out_on_branch, int64_t* scratch, DFlashErrorDetail* detail);
+
+//! The ancestor-or-self mask (select_core.h, visibilityNode; device_tree.visibility_device's result): parents and
+//! valid (bytes) [batch, n]; out [batch, n, n] bytes. n >= 1 (index 3), max_hops >= 0 (index 10).
+DFLASH_API int32_t dflash_visibility_cpu(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
+    int64_t max_hops, unsigned char* out, DFlashErrorDetail* detail);
+
 //! Largest budget dflash_ddtree_build_cpu / _cuda take (dflash::kMaxDDTreeBudget).
 DFLASH_API int32_t dflash_max_ddtree_budget(void);
 

@@ -64,6 +64,17 @@ DFLASH_API int32_t dflash_graft_cuda(int64_t const* tokens, int64_t const* paren
     int64_t* out_num_nodes, double* out_scores, double* out_cond, unsigned char* out_on_branch, int64_t* scratch,
     void* stream, DFlashErrorDetail* detail);
 
+//! The select and the visibility on the device (dflash_select_cpu's / dflash_visibility_cpu's arguments, device
+//! memory, asynchronous; the select one warp per row, the visibility one thread per node).
+DFLASH_API int32_t dflash_select_cuda(double const* values, int64_t const* tokens, int64_t const* parents,
+    int64_t const* depths, unsigned char const* valid, double const* scores, double const* cond,
+    unsigned char const* on_branch, int32_t batch, int32_t n, int32_t size, int64_t* out_tokens, int64_t* out_parents,
+    int64_t* out_depths, unsigned char* out_valid, int64_t* out_num_nodes, double* out_scores, double* out_cond,
+    unsigned char* out_on_branch, int64_t* scratch, void* stream, DFlashErrorDetail* detail);
+
+DFLASH_API int32_t dflash_visibility_cuda(int64_t const* parents, unsigned char const* valid, int32_t batch,
+    int32_t n, int64_t max_hops, unsigned char* out, void* stream, DFlashErrorDetail* detail);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
 #include "dflash/dflash_cpu.h"
 #include "dflash/ddtree_core.h"
 #include "dflash/lookup_core.h"
+#include "dflash/select_core.h"
 #include "dflash/kv_compact_core.h"
 #include "dflash/enqueue_guard.h"
 #include "dflash/tree_mask_core.h"
@@ -16,7 +17,7 @@ namespace
 
 using dflash::reportError;
 
-constexpr int32_t kAbiVersion = 3;
+constexpr int32_t kAbiVersion = 4;
 
 char const* const kErrorStrings[DFLASH_ERR_COUNT] = {
     "ok",
@@ -449,6 +450,76 @@ int32_t dflash_walk_cpu(int64_t const* tokens, int64_t const* parents, unsigned 
         int64_t const offset = static_cast<int64_t>(row) * n;
         dflash::walkRow(tokens + offset, parents + offset, valid + offset, choices + offset, n, max_path,
             path + static_cast<int64_t>(row) * max_path, lengths + row, bonus + row);
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_select_cpu(double const* values, int64_t const* tokens, int64_t const* parents,
+    int64_t const* depths, unsigned char const* valid, double const* scores, double const* cond,
+    unsigned char const* on_branch, int32_t batch, int32_t n, int32_t size, int64_t* out_tokens, int64_t* out_parents,
+    int64_t* out_depths, unsigned char* out_valid, int64_t* out_num_nodes, double* out_scores, double* out_cond,
+    unsigned char* out_on_branch, int64_t* scratch, DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    if (int32_t const code = dflash::selectShapeError(batch, n, size, detail); code != DFLASH_OK)
+    {
+        return code;
+    }
+    void const* pointers[] = {values, tokens, parents, depths, valid, scores, cond, on_branch, out_tokens,
+        out_parents, out_depths, out_valid, out_num_nodes, out_scores, out_cond, out_on_branch, scratch};
+    for (void const* pointer : pointers)
+    {
+        if (batch > 0 && pointer == nullptr)
+        {
+            return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+        }
+    }
+    for (int32_t row = 0; row < batch; ++row) // the kernel's warps, one after another; a phase's lanes in a loop
+    {
+        int64_t const in = static_cast<int64_t>(row) * n;
+        int64_t const out = static_cast<int64_t>(row) * size;
+        int64_t* ranks = scratch + 2 * in;
+        int64_t* slots = ranks + n;
+        dflash::SelectRow const mine{values + in, tokens + in, parents + in, depths + in, valid + in, scores + in,
+            cond + in, on_branch + in, out_tokens + out, out_parents + out, out_depths + out, out_valid + out,
+            out_scores + out, out_cond + out, out_on_branch + out};
+        for (int32_t i = 0; i < n; ++i)
+        {
+            ranks[i] = dflash::selectRank(mine.values, n, i);
+        }
+        for (int32_t i = 0; i < n; ++i)
+        {
+            slots[i] = dflash::selectSlot(ranks, size, i);
+        }
+        for (int32_t i = 0; i < n; ++i)
+        {
+            if (slots[i] >= 0)
+            {
+                dflash::selectEmit(mine, slots, n, i);
+            }
+        }
+        out_num_nodes[row] = dflash::selectCount(mine.outValid, size);
+    }
+    return DFLASH_OK;
+}
+
+int32_t dflash_visibility_cpu(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
+    int64_t max_hops, unsigned char* out, DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    if (int32_t const code = dflash::visibilityShapeError(batch, n, max_hops, detail); code != DFLASH_OK)
+    {
+        return code;
+    }
+    if (batch > 0 && (parents == nullptr || valid == nullptr || out == nullptr))
+    {
+        return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+    }
+    for (int64_t node = 0; node < static_cast<int64_t>(batch) * n; ++node) // the kernel's threads
+    {
+        int64_t const row = node / n;
+        dflash::visibilityNode(parents + row * n, valid + row * n, n, max_hops, static_cast<int32_t>(node % n),
+            out + node * n);
     }
     return DFLASH_OK;
 }

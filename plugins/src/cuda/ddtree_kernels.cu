@@ -6,11 +6,15 @@
 // in place of device_policy.path_values's depth-by-depth rounds (~60 launches), and the
 // verifier's walk (walkRow) in place of device_tree.walk_device's pointer doubling (~45), and
 // the prompt-lookup branches and their grafting (lookup_core.h) in place of
-// device_lookup.lookup_device's and graft_device's (~90 and ~80).
+// device_lookup.lookup_device's and graft_device's (~90 and ~80). The cost-aware tree's selection
+// of its best nodes (select_core.h) runs one warp per row, its phases one node per lane with the warp
+// synchronized between them (~30 launches); the verifier's ancestor-or-self mask one thread per
+// node (~17).
 
 #include "dflash/cuda_kernels.h"
 #include "dflash/ddtree_core.h"
 #include "dflash/lookup_core.h"
+#include "dflash/select_core.h"
 
 #include <cuda_runtime.h>
 
@@ -84,7 +88,97 @@ __global__ void graftKernel(int64_t const* tokens, int64_t const* parents, int64
     }
 }
 
+//! Rows per block of the select: one warp each.
+constexpr int32_t kSelectRowsPerBlock = 4;
+constexpr int32_t kWarp = 32;
+
+__global__ void selectKernel(SelectRow row, int32_t batch, int32_t n, int32_t size, int64_t* outNumNodes,
+    int64_t* scratch)
+{
+    int32_t const r = static_cast<int32_t>(blockIdx.x) * kSelectRowsPerBlock + static_cast<int32_t>(threadIdx.x) / kWarp;
+    int32_t const lane = static_cast<int32_t>(threadIdx.x) % kWarp;
+    if (r >= batch)  // the whole warp leaves together: no lane of a live row waits on it below
+    {
+        return;
+    }
+    int64_t const in = static_cast<int64_t>(r) * n;
+    int64_t const out = static_cast<int64_t>(r) * size;
+    int64_t* ranks = scratch + 2 * in;
+    int64_t* slots = ranks + n;
+    double const* values = row.values + in;
+    for (int32_t i = lane; i < n; i += kWarp)
+    {
+        ranks[i] = selectRank(values, n, i);
+    }
+    __syncwarp();
+    for (int32_t i = lane; i < n; i += kWarp)
+    {
+        slots[i] = selectSlot(ranks, size, i);
+    }
+    __syncwarp();
+    SelectRow const mine{values, row.tokens + in, row.parents + in, row.depths + in, row.valid + in, row.scores + in,
+        row.cond + in, row.onBranch + in, row.outTokens + out, row.outParents + out, row.outDepths + out,
+        row.outValid + out, row.outScores + out, row.outCond + out, row.outOnBranch + out};
+    for (int32_t i = lane; i < n; i += kWarp)
+    {
+        if (slots[i] >= 0)
+        {
+            selectEmit(mine, slots, n, i);
+        }
+    }
+    __syncwarp();
+    if (lane == 0)
+    {
+        outNumNodes[r] = selectCount(mine.outValid, size);
+    }
+}
+
+__global__ void visibilityKernel(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
+    int64_t maxHops, unsigned char* out)
+{
+    int64_t const node = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (node < static_cast<int64_t>(batch) * n)
+    {
+        int64_t const r = node / n;
+        visibilityNode(parents + r * n, valid + r * n, n, maxHops, static_cast<int32_t>(node % n), out + node * n);
+    }
+}
+
 } // namespace
+
+cudaError_t launchSelect(SelectRow const& row, int32_t batch, int32_t n, int32_t size, int64_t* outNumNodes,
+    int64_t* scratch, cudaStream_t stream)
+{
+    if (selectShapeError(batch, n, size, nullptr) != DFLASH_OK)
+    {
+        return cudaErrorInvalidValue;
+    }
+    if (batch == 0)
+    {
+        return cudaSuccess;
+    }
+    auto const blocks = static_cast<unsigned int>((batch + kSelectRowsPerBlock - 1) / kSelectRowsPerBlock);
+    selectKernel<<<blocks, kSelectRowsPerBlock * kWarp, 0, stream>>>(row, batch, n, size, outNumNodes, scratch);
+    return cudaGetLastError();
+}
+
+cudaError_t launchVisibility(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
+    int64_t maxHops, unsigned char* out, cudaStream_t stream)
+{
+    if (visibilityShapeError(batch, n, maxHops, nullptr) != DFLASH_OK)
+    {
+        return cudaErrorInvalidValue;
+    }
+    int64_t const nodes = static_cast<int64_t>(batch) * n;
+    if (nodes == 0)
+    {
+        return cudaSuccess;
+    }
+    constexpr int32_t threads = 128;
+    auto const blocks = static_cast<unsigned int>((nodes + threads - 1) / threads);
+    visibilityKernel<<<blocks, threads, 0, stream>>>(parents, valid, batch, n, maxHops, out);
+    return cudaGetLastError();
+}
 
 cudaError_t launchLookup(int64_t const* history, int64_t rowStride, int32_t capacity, int64_t const* lengths,
     int64_t const* limits, int32_t batch, int32_t width, int32_t maxNgram, int32_t minNgram, int32_t branches,

@@ -124,4 +124,31 @@ int32_t dflash_graft_cuda(int64_t const* tokens, int64_t const* parents, int64_t
         detail);
 }
 
+int32_t dflash_select_cuda(double const* values, int64_t const* tokens, int64_t const* parents,
+    int64_t const* depths, unsigned char const* valid, double const* scores, double const* cond,
+    unsigned char const* on_branch, int32_t batch, int32_t n, int32_t size, int64_t* out_tokens, int64_t* out_parents,
+    int64_t* out_depths, unsigned char* out_valid, int64_t* out_num_nodes, double* out_scores, double* out_cond,
+    unsigned char* out_on_branch, int64_t* scratch, void* stream, DFlashErrorDetail* detail)
+{
+    if (int32_t const code = dflash::selectShapeError(batch, n, size, detail); code != DFLASH_OK)
+    {
+        return code;
+    }
+    dflash::SelectRow const row{values, tokens, parents, depths, valid, scores, cond, on_branch, out_tokens,
+        out_parents, out_depths, out_valid, out_scores, out_cond, out_on_branch};
+    return statusOf(
+        dflash::launchSelect(row, batch, n, size, out_num_nodes, scratch, static_cast<cudaStream_t>(stream)), detail);
+}
+
+int32_t dflash_visibility_cuda(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
+    int64_t max_hops, unsigned char* out, void* stream, DFlashErrorDetail* detail)
+{
+    if (int32_t const code = dflash::visibilityShapeError(batch, n, max_hops, detail); code != DFLASH_OK)
+    {
+        return code;
+    }
+    return statusOf(
+        dflash::launchVisibility(parents, valid, batch, n, max_hops, out, static_cast<cudaStream_t>(stream)), detail);
+}
+
 } // extern "C"
