@@ -830,8 +830,8 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
                      work: Path) -> None:
     """The fused DDTree build (``fused_tree``: the plugin library's one launch) on this device: bit for bit the tensor
     ops' tree on random marginals (ties, -inf, depth limits; batches of 1 to 16; budgets to 255), and the fused path
-    values, the walk, prompt-lookup branches and their grafting, the select and the visibility mask equal to the tensor
-    ops'; both builds timed at the
+    values, the walk, prompt-lookup branches and their grafting, the select, the visibility mask and the learning step
+    equal to the tensor ops'; both builds timed at the
     cost-aware pool's shape (63 nodes, 15 depths: in a CUDA graph on CUDA), and the default decoder with it decoding
     the same tokens, acceptance lengths and tree sizes as with the tensor ops, its tree-build stage timed both ways.
     On CUDA it needs the library ``plugins/cmake`` built; on a CPU the CPU library (skipped where neither is, and with
@@ -853,6 +853,7 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
         rng = np.random.default_rng(0)
         policy = DevicePolicy(16, POLICY_BUCKETS, device)
         trees = nodes = paths = branches = selected = 0
+        learners = [DevicePolicy(16, POLICY_BUCKETS, device) for _ in range(2)]  # learning fused, and by tensor ops
         # Every fused call below names its implementation (fused=True/False); "on" lets the True ones run on CUDA.
         with fused_tree_mode("on"):
             for turn in range(48):
@@ -919,11 +920,23 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
                         if not torch.equal(*masks):
                             raise Mismatch(f"the fused visibility differs from the tensor ops (turn {turn}, size {size})")
                     selected += int(picks[1].tree.num_nodes.sum())
+                # Both policies learn from the last tree (choices that follow most edges); their tables must not part.
+                chosen = picks[1].tree
+                follow = torch.where(torch.rand(chosen.tokens[:, 1:].shape, device=device) < 0.6,
+                                     chosen.tokens[:, 1:].clamp(min=0), 0)
+                choices = torch.randint(0, vocab, chosen.tokens.shape, device=device).scatter_(
+                    1, chosen.parents.clamp(min=0)[:, 1:], follow)
+                live = torch.rand(batch, device=device) < 0.8
+                for learner, f in zip(learners, (True, False)):
+                    learner.learn(picks[1], choices, look[1].ngram, live, fused=f)
+                if not all(torch.equal(getattr(learners[0], name), getattr(learners[1], name))
+                           for name in DevicePolicy.LEARNED):
+                    raise Mismatch(f"the fused learning step's tables differ from the tensor ops' (turn {turn})")
                 branches += int((look[1].lengths > 0).sum())
                 trees += batch
                 nodes += int(ops.num_nodes.sum())
         c.figures.update(backend=where, trees=trees, nodes=nodes, accepted_paths=paths, lookup_branches=branches,
-                         selected_nodes=selected)
+                         selected_nodes=selected, learned_trials=float(learners[1].trials.sum()))
     with report.check("fused-tree/ms") as c:
         if where is None:
             raise Skip("the fused build does not run here")

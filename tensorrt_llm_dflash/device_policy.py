@@ -208,11 +208,17 @@ class DevicePolicy:
         return expected[:, self._sizes - 1]
 
     def learn(self, verified: Grafted, choices: torch.Tensor, ngram: torch.Tensor | None = None,
-              live: torch.Tensor | None = None) -> None:
+              live: torch.Tensor | None = None, fused: bool | None = None) -> None:
         """Label every verified node by the target's choice at its parent; update the tables (drafter nodes
         by depth and marginal, lookup nodes by offset and the step's n-gram length ``ngram`` [B]). ``live`` [B]
-        (default: all) marks the rows whose labels count: an idle row's tree is padding, its labels noise."""
+        (default: all) marks the rows whose labels count: an idle row's tree is padding, its labels noise.
+        ``fused``: the counting and the refresh in one plugin-library call (``fused_tree.learn``, the same tables bit
+        for bit) where ``DFLASH_FUSED_TREE`` allows (None), required (True), or the tensor ops below (False)."""
         tree = verified.tree
+        where = fused_tree.backend(tree.tokens.device) if fused is not False else None
+        if where is not None or fused:
+            fused_tree.learn(self, verified, choices, self._draft_bins(tree), ngram, live, where=where)
+            return
         accepted = tree.tokens == choices.gather(1, tree.parents.clamp(min=0))
         rows, bins, drafted = self._draft_bins(tree)
         if live is not None:

@@ -14,7 +14,8 @@ depth-by-depth rounds, ~60 ops), and so does the verifier's walk (:func:`walk`: 
 result from one scan per row instead of pointer doubling, ~45 ops), and the prompt-lookup branches and their
 grafting (:func:`lookup`, :func:`graft`: ``device_lookup``'s results, ~90 and ~80 ops), the cost-aware tree's
 choice of its best nodes (:func:`select`: ``DevicePolicy.select``'s, ~30 ops) and the verifier's
-ancestor-or-self mask (:func:`visibility`: ``device_tree.visibility_device``'s, ~17 ops).
+ancestor-or-self mask (:func:`visibility`: ``device_tree.visibility_device``'s, ~17 ops), and the update of
+its learned tables after the verify (:func:`learn`: ``DevicePolicy.learn``'s, ~40 ops).
 
 Which build runs is :data:`FUSED_TREE_ENV` (``DFLASH_FUSED_TREE``):
 
@@ -319,3 +320,34 @@ def visibility(tree: DeviceTree, max_hops: int, *, where: str | None = None) -> 
     _call(where, "visibility", parents.device, parents.data_ptr(), valid.data_ptr(), batch, n, int(max_hops),
           out.data_ptr())
     return out
+
+
+def learn(policy, verified, choices: torch.Tensor, cells: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+          ngram: torch.Tensor | None = None, live: torch.Tensor | None = None, *, where: str | None = None) -> None:
+    """``DevicePolicy.learn``'s update of ``policy``'s tables, in place, from one pass (one thread on CUDA: every row
+    updates the same tables), bit for bit: ``cells`` are the drafter table's (rows, bins, drafted) per node, which
+    the tensor ops compute (``DevicePolicy._draft_bins``: the marginal's bin needs an exp). The same arguments
+    otherwise."""
+    import torch
+
+    tree = verified.tree
+    device = tree.tokens.device
+    where = _where(device, where, "learning step")
+    batch, n = (int(x) for x in tree.tokens.shape)
+    rows, bins, drafted = cells
+    inputs = [tree.tokens.to(torch.long), tree.parents.to(torch.long), tree.depths.to(torch.long),
+              tree.valid.to(torch.bool), verified.on_branch.to(torch.bool), choices.to(torch.long),
+              rows.to(torch.long), bins.to(torch.long), drafted.to(torch.bool)]
+    inputs = [t.contiguous() for t in inputs]
+    live_in = None if live is None else live.to(torch.bool).contiguous()
+    ngram_in = None if ngram is None else ngram.to(torch.long).contiguous()
+    tables = [policy.hits, policy.trials, policy.prior, policy.table]
+    lookup_tables = [policy.lookup_hits, policy.lookup_trials, policy.lookup_prior, policy.lookup_table]
+    for table in (*tables, *lookup_tables, policy.lookup_edges):  # updated in place: the policy's own storage
+        if not table.is_contiguous() or table.dtype != torch.float64:
+            raise DFlashInputError(f"the fused learning step needs contiguous float64 tables, got {table.dtype}")
+    _call(where, "learn", device, *(t.data_ptr() for t in inputs),
+          None if live_in is None else live_in.data_ptr(), None if ngram_in is None else ngram_in.data_ptr(),
+          batch, n, *(t.data_ptr() for t in tables), *policy.hits.shape,
+          *(t.data_ptr() for t in lookup_tables), *policy.lookup_hits.shape, policy.lookup_edges.data_ptr(),
+          float(policy.decay), float(policy.strength))

@@ -61,7 +61,7 @@ ERR_CUDA = 18
 ERR_DDTREE_SHAPE = 19
 #: The field a DFLASH_ERR_DDTREE_SHAPE detail's index names (common.h).
 _SHAPE_FIELDS = ("budget", "depth", "k", "nodes", "max_path", "capacity", "width", "branches", "ngram", "size",
-                 "max_hops")
+                 "max_hops", "table_rows", "table_bins")
 
 
 class PluginLibraryNotFound(FileNotFoundError):
@@ -96,6 +96,7 @@ FUSED_KERNEL_ARGS = {
     "graft": [_P] * 7 + [_i32] * 2 + [_P] * 2 + [_i32] * 2 + [_P] * 9,
     "select": [_P] * 8 + [_i32] * 3 + [_P] * 9,
     "visibility": [_P] * 2 + [_i32] * 2 + [_i64, _P],
+    "learn": [_P] * 11 + [_i32] * 2 + [_P] * 4 + [_i32] * 2 + [_P] * 4 + [_i32] * 2 + [_P] + [ctypes.c_double] * 2,
 }
 
 _SIGNATURES = {
@@ -283,7 +284,7 @@ def _raise_for(code: int, detail: _ErrorDetail, context: dict[str, object]) -> N
             f"{_SHAPE_FIELDS[index] if 0 <= index < len(_SHAPE_FIELDS) else 'shape'}={value} is out of range for the "
             f"fused tree kernels (budget 0..{context.get('max_budget', '?')}, depth, k, nodes and capacity >= 0; the "
             "walk's nodes and max_path, the lookup's width and branches >= 1; 1 <= min_ngram <= max_ngram; the select's "
-            "1 <= size <= nodes; max_hops >= 0)"
+            "1 <= size <= nodes; max_hops >= 0; the learning step's nodes and table rows and bins >= 1)"
         ),
     }
     message = messages.get(code)

@@ -354,3 +354,54 @@ def test_select_and_visibility_refuse_bad_shapes_naming_the_field(cpu_library):
     candidates, values = _random_candidates(np.random.default_rng(0), 2, 6, ties=False)
     with pytest.raises(DFlashInputError, match=r"size=7 is out of range"):
         fused_tree.select(candidates, values, 7, where="cpu-library")
+
+
+def test_the_learning_step_equals_the_tensor_ops_bit_for_bit():
+    """``DevicePolicy.learn`` in the library against its tensor ops over 150 steps of one policy each (the tables
+    accumulate, so a difference in any step's rounding stays): real DDTree pools (a reduced vocabulary's -inf among
+    them), choices that follow 60% of the edges, lookup nodes, with and without an n-gram length and idle rows."""
+    from tensorrt_llm_dflash.device_lookup import Grafted
+    from tensorrt_llm_dflash.device_policy import DevicePolicy
+
+    rng = np.random.default_rng(8)
+    ops, fused = (DevicePolicy(15, (2, 4, 8, 16, 32, 64), CPU, lookup_rows=12) for _ in range(2))
+    for turn in range(150):
+        batch, depth, k = int(rng.integers(1, 17)), int(rng.integers(1, 16)), int(rng.integers(2, 30))
+        lp, tokens, roots = marginals(rng, batch, depth, k, ties=turn % 5 == 0)
+        tokens = tokens % 40
+        if turn % 4 == 0:
+            lp[:, :, k // 2:] = float("-inf")
+        tree = build_ddtree_device(roots, lp, tokens, int(rng.choice([3, 15, 63])), fused=False)
+        n = tree.tokens.shape[1]
+        verified = Grafted(tree, torch.rand(batch, n, dtype=torch.float64),
+                           torch.tensor(rng.uniform(size=(batch, n)) < 0.4))
+        follow = torch.where(torch.rand(batch, n - 1) < 0.6, tree.tokens[:, 1:].clamp(min=0), 0)
+        choices = torch.tensor(rng.integers(0, 40, size=(batch, n))).scatter_(1, tree.parents.clamp(min=0)[:, 1:],
+                                                                               follow)
+        ngram = torch.tensor(rng.integers(0, 7, size=batch)) if turn % 3 else None
+        live = torch.tensor(rng.uniform(size=batch) < 0.8) if turn % 2 else None
+        ops.learn(verified, choices, ngram, live, fused=False)
+        fused.learn(verified, choices, ngram, live, fused=True)
+        for name in DevicePolicy.LEARNED:
+            _assert_same_bits(getattr(fused, name), getattr(ops, name), (turn, name))
+    assert float(ops.hits.sum()) > 100 and float(ops.lookup_hits.sum()) > 100  # both tables learned
+
+
+def test_the_learning_step_refuses_bad_shapes_naming_the_field(cpu_library):
+    detail = kernels._ErrorDetail()
+    table = torch.zeros(4, 3, dtype=torch.float64)
+    tables = [table.data_ptr()] * 4
+    # (batch, n); then (rows, bins) of each table; the detail's index: 3 nodes, 11 rows, 12 bins.
+    for shape, draft, lookup, ngram, field, value in (
+            ((1, 0), (4, 3), (4, 3), None, 3, 0), ((1, 5), (0, 3), (4, 3), None, 11, 0),
+            ((1, 5), (4, -1), (4, 3), None, 12, -1), ((1, 5), (4, 3), (4, 0), 1, 12, 0)):
+        code = cpu_library.dflash_learn_cpu(*[None] * 10, ngram, *shape, *tables, *draft, *tables, *lookup, None,
+                                            0.5, 4.0, ctypes.byref(detail))
+        assert (code, detail.index, detail.value) == (kernels.ERR_DDTREE_SHAPE, field, value)
+    with pytest.raises(DFlashInputError, match=r"table_bins=0 is out of range"):
+        kernels._raise_for(kernels.ERR_DDTREE_SHAPE, detail, {"max_budget": fused_tree.MAX_BUDGET})
+    # No n-gram: the lookup table's shape is not read. Rows to learn from but no trees: a null pointer, refused.
+    assert cpu_library.dflash_learn_cpu(*[None] * 11, 0, 5, *tables, 4, 3, *[None] * 4, 0, 0, None, 0.5, 4.0,
+                                        ctypes.byref(detail)) == kernels.OK
+    assert cpu_library.dflash_learn_cpu(*[None] * 11, 2, 5, *tables, 4, 3, *[None] * 4, 0, 0, None, 0.5, 4.0,
+                                        ctypes.byref(detail)) == kernels.ERR_NULL_POINTER

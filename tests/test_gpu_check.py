@@ -106,7 +106,8 @@ def test_the_fused_checks_run_where_the_kernels_are_opt_in(tmp_path, monkeypatch
     checks = _checks(json.loads((tmp_path / "fused.json").read_text()))
     assert [checks[name]["status"] for name in ("fused-tree/equal", "fused-tree/ms", "fused-tree/decoder")] == \
         ["ok"] * 3, {name: c.get("error") for name, c in checks.items()}
-    assert checks["fused-tree/equal"]["figures"]["selected_nodes"] > 200  # selects compared, not skipped
+    equal = checks["fused-tree/equal"]["figures"]
+    assert equal["selected_nodes"] > 200 and equal["learned_trials"] > 50  # selects and learning compared
     assert fused_tree.mode() == "off"  # the checks' own modes were undone
 
 

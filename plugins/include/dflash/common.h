@@ -54,7 +54,7 @@ typedef enum DFlashStatus
     DFLASH_ERR_CUDA = 18,                 //!< a CUDA call failed; DFlashErrorDetail.value is the cudaError_t
     DFLASH_ERR_DDTREE_SHAPE = 19,         //!< fused tree kernels: budget (index 0), depth (1), k (2), nodes (3),
                                           //!< max_path (4), capacity (5), width (6), branches (7), n-gram (8),
-                                          //!< size (9), max_hops (10)
+                                          //!< size (9), max_hops (10), table rows (11), bins (12)
     DFLASH_ERR_COUNT = 20                 //!< number of codes, not an error
 } DFlashStatus;
 

@@ -9,6 +9,7 @@
 // breaks the contract (see kv_compact_core.h) is skipped, not half-moved.
 #pragma once
 
+#include "dflash/learn_core.h"
 #include "dflash/select_core.h"
 
 #include <cstdint>
@@ -79,5 +80,10 @@ cudaError_t launchSelect(SelectRow const& row, int32_t batch, int32_t n, int32_t
 //! cudaErrorInvalidValue where visibilityShapeError refuses the shape.
 cudaError_t launchVisibility(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
     int64_t maxHops, unsigned char* out, cudaStream_t stream);
+
+//! The cost-aware tree's learning step (learn_core.h, learnBatch): one thread. cudaErrorInvalidValue where
+//! learnShapeError refuses the shape.
+cudaError_t launchLearn(LearnInputs const& in, int32_t batch, int32_t n, LearnTable const& draft,
+    LearnTable const& lookup, double decay, double strength, cudaStream_t stream);
 
 } // namespace dflash

@@ -131,6 +131,19 @@ DFLASH_API int32_t dflash_select_cpu(double const* values, int64_t const* tokens
 DFLASH_API int32_t dflash_visibility_cpu(int64_t const* parents, unsigned char const* valid, int32_t batch, int32_t n,
     int64_t max_hops, unsigned char* out, DFlashErrorDetail* detail);
 
+//! The cost-aware tree's learning step (learn_core.h; device_policy.DevicePolicy.learn's update of its tables), in
+//! place on the tables: the verified trees' tokens, parents, depths, valid and on_branch (bytes) and the target's
+//! choices [batch, n]; the drafter table's cells per node (draft_rows, draft_bins [batch, n], drafted bytes);
+//! live [batch] bytes or null; ngram [batch] or null (then the lookup table is neither read nor written). Tables
+//! [rows, bins] float64 (hits, trials, table updated; prior read), lookup_edges: lookup_bins - 1 inner edges.
+//! n (detail index 3), rows (11) and bins (12) >= 1, else DFLASH_ERR_DDTREE_SHAPE.
+DFLASH_API int32_t dflash_learn_cpu(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, unsigned char const* on_branch, int64_t const* choices, int64_t const* draft_rows,
+    int64_t const* draft_bins, unsigned char const* drafted, unsigned char const* live, int64_t const* ngram,
+    int32_t batch, int32_t n, double* hits, double* trials, double const* prior, double* table, int32_t rows,
+    int32_t bins, double* lookup_hits, double* lookup_trials, double const* lookup_prior, double* lookup_table,
+    int32_t lookup_rows, int32_t lookup_bins, double const* lookup_edges, double decay, double strength, DFlashErrorDetail* detail);
+
 //! Largest budget dflash_ddtree_build_cpu / _cuda take (dflash::kMaxDDTreeBudget).
 DFLASH_API int32_t dflash_max_ddtree_budget(void);
 

@@ -75,6 +75,16 @@ DFLASH_API int32_t dflash_select_cuda(double const* values, int64_t const* token
 DFLASH_API int32_t dflash_visibility_cuda(int64_t const* parents, unsigned char const* valid, int32_t batch,
     int32_t n, int64_t max_hops, unsigned char* out, void* stream, DFlashErrorDetail* detail);
 
+//! The learning step on the device (dflash_learn_cpu's arguments, device memory, one thread: every row updates the
+//! same tables; asynchronous).
+DFLASH_API int32_t dflash_learn_cuda(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, unsigned char const* on_branch, int64_t const* choices, int64_t const* draft_rows,
+    int64_t const* draft_bins, unsigned char const* drafted, unsigned char const* live, int64_t const* ngram,
+    int32_t batch, int32_t n, double* hits, double* trials, double const* prior, double* table, int32_t rows,
+    int32_t bins, double* lookup_hits, double* lookup_trials, double const* lookup_prior, double* lookup_table,
+    int32_t lookup_rows, int32_t lookup_bins, double const* lookup_edges, double decay, double strength, void* stream,
+    DFlashErrorDetail* detail);
+
 #ifdef __cplusplus
 }
 #endif

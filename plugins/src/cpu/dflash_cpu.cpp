@@ -4,6 +4,7 @@
 
 #include "dflash/dflash_cpu.h"
 #include "dflash/ddtree_core.h"
+#include "dflash/learn_core.h"
 #include "dflash/lookup_core.h"
 #include "dflash/select_core.h"
 #include "dflash/kv_compact_core.h"
@@ -521,6 +522,51 @@ int32_t dflash_visibility_cpu(int64_t const* parents, unsigned char const* valid
         dflash::visibilityNode(parents + row * n, valid + row * n, n, max_hops, static_cast<int32_t>(node % n),
             out + node * n);
     }
+    return DFLASH_OK;
+}
+
+int32_t dflash_learn_cpu(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, unsigned char const* on_branch, int64_t const* choices, int64_t const* draft_rows,
+    int64_t const* draft_bins, unsigned char const* drafted, unsigned char const* live, int64_t const* ngram,
+    int32_t batch, int32_t n, double* hits, double* trials, double const* prior, double* table, int32_t rows,
+    int32_t bins, double* lookup_hits, double* lookup_trials, double const* lookup_prior, double* lookup_table,
+    int32_t lookup_rows, int32_t lookup_bins, double const* lookup_edges, double decay, double strength, DFlashErrorDetail* detail)
+{
+    reportError(detail, DFLASH_OK, -1, -1, -1);
+    dflash::LearnInputs const in{tokens, parents, depths, valid, on_branch, choices, draft_rows, draft_bins, drafted,
+        live, ngram, lookup_edges};
+    dflash::LearnTable const draft{hits, trials, prior, table, rows, bins};
+    dflash::LearnTable const lookup{lookup_hits, lookup_trials, lookup_prior, lookup_table, lookup_rows, lookup_bins};
+    if (int32_t const code = dflash::learnShapeError(batch, n, draft, lookup, ngram != nullptr, detail);
+        code != DFLASH_OK)
+    {
+        return code;
+    }
+    void const* required[] = {hits, trials, prior, table};
+    void const* perNode[] = {tokens, parents, depths, valid, on_branch, choices, draft_rows, draft_bins, drafted};
+    void const* perLookup[] = {lookup_hits, lookup_trials, lookup_prior, lookup_table, lookup_edges};
+    for (void const* pointer : required)
+    {
+        if (pointer == nullptr)
+        {
+            return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+        }
+    }
+    for (void const* pointer : perNode)
+    {
+        if (batch > 0 && pointer == nullptr)
+        {
+            return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+        }
+    }
+    for (void const* pointer : perLookup)
+    {
+        if (ngram != nullptr && pointer == nullptr)
+        {
+            return reportError(detail, DFLASH_ERR_NULL_POINTER, -1, -1, -1);
+        }
+    }
+    dflash::learnBatch(in, batch, n, draft, lookup, decay, strength); // the kernel's one thread
     return DFLASH_OK;
 }
 

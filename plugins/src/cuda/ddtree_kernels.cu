@@ -9,10 +9,11 @@
 // device_lookup.lookup_device's and graft_device's (~90 and ~80). The cost-aware tree's selection
 // of its best nodes (select_core.h) runs one warp per row, its phases one node per lane with the warp
 // synchronized between them (~30 launches); the verifier's ancestor-or-self mask one thread per
-// node (~17).
+// node (~17); its learning step (learn_core.h) one thread, as every row updates the same tables (~40).
 
 #include "dflash/cuda_kernels.h"
 #include "dflash/ddtree_core.h"
+#include "dflash/learn_core.h"
 #include "dflash/lookup_core.h"
 #include "dflash/select_core.h"
 
@@ -144,7 +145,27 @@ __global__ void visibilityKernel(int64_t const* parents, unsigned char const* va
     }
 }
 
+__global__ void learnKernel(LearnInputs in, int32_t batch, int32_t n, LearnTable draft, LearnTable lookup,
+    double decay, double strength)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+    {
+        learnBatch(in, batch, n, draft, lookup, decay, strength);
+    }
+}
+
 } // namespace
+
+cudaError_t launchLearn(LearnInputs const& in, int32_t batch, int32_t n, LearnTable const& draft,
+    LearnTable const& lookup, double decay, double strength, cudaStream_t stream)
+{
+    if (learnShapeError(batch, n, draft, lookup, in.ngram != nullptr, nullptr) != DFLASH_OK)
+    {
+        return cudaErrorInvalidValue;
+    }
+    learnKernel<<<1, 1, 0, stream>>>(in, batch, n, draft, lookup, decay, strength);
+    return cudaGetLastError();
+}
 
 cudaError_t launchSelect(SelectRow const& row, int32_t batch, int32_t n, int32_t size, int64_t* outNumNodes,
     int64_t* scratch, cudaStream_t stream)

@@ -4,6 +4,7 @@
 #include "dflash/dflash_cuda.h"
 #include "dflash/cuda_kernels.h"
 #include "dflash/ddtree_core.h"
+#include "dflash/learn_core.h"
 #include "dflash/lookup_core.h"
 
 namespace
@@ -149,6 +150,26 @@ int32_t dflash_visibility_cuda(int64_t const* parents, unsigned char const* vali
     }
     return statusOf(
         dflash::launchVisibility(parents, valid, batch, n, max_hops, out, static_cast<cudaStream_t>(stream)), detail);
+}
+
+int32_t dflash_learn_cuda(int64_t const* tokens, int64_t const* parents, int64_t const* depths,
+    unsigned char const* valid, unsigned char const* on_branch, int64_t const* choices, int64_t const* draft_rows,
+    int64_t const* draft_bins, unsigned char const* drafted, unsigned char const* live, int64_t const* ngram,
+    int32_t batch, int32_t n, double* hits, double* trials, double const* prior, double* table, int32_t rows,
+    int32_t bins, double* lookup_hits, double* lookup_trials, double const* lookup_prior, double* lookup_table,
+    int32_t lookup_rows, int32_t lookup_bins, double const* lookup_edges, double decay, double strength, void* stream, DFlashErrorDetail* detail)
+{
+    dflash::LearnInputs const in{tokens, parents, depths, valid, on_branch, choices, draft_rows, draft_bins, drafted,
+        live, ngram, lookup_edges};
+    dflash::LearnTable const draft{hits, trials, prior, table, rows, bins};
+    dflash::LearnTable const lookup{lookup_hits, lookup_trials, lookup_prior, lookup_table, lookup_rows, lookup_bins};
+    if (int32_t const code = dflash::learnShapeError(batch, n, draft, lookup, ngram != nullptr, detail);
+        code != DFLASH_OK)
+    {
+        return code;
+    }
+    return statusOf(dflash::launchLearn(in, batch, n, draft, lookup, decay, strength, static_cast<cudaStream_t>(stream)),
+        detail);
 }
 
 } // extern "C"
