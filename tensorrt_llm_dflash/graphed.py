@@ -170,6 +170,7 @@ def row_probs(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tens
         sorted_probs = sorted_scores.softmax(-1)
         cut = top_p.to(work)[:, None, None]
         drop_sorted = ((sorted_probs.cumsum(-1) - sorted_probs) >= cut) & (top_p < 1.0)[:, None, None]
+        drop_sorted[..., 0] = False  # the most probable token stays, even where top_p underflows float32 to 0
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(-1)

@@ -8,9 +8,15 @@ import torch
 
 from .errors import DFlashInputError
 
+#: Temperatures below this decode greedily (vLLM's rule): dividing float32 logits by a temperature near float32's
+#: smallest numbers overflows to inf and the softmax to NaN, and long before that the distribution is the argmax.
+MIN_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
+    """Temperature (0, or below :data:`MIN_TEMPERATURE`: greedy), top-p in (0, 1], top-k (0: off), seed."""
+
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -19,6 +25,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
             raise DFlashInputError(f"temperature={self.temperature} must be >= 0")
+        if self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0
         if not 0.0 < self.top_p <= 1.0:
             raise DFlashInputError(f"top_p={self.top_p} must be in (0, 1]")
         if self.top_k < 0:
@@ -42,6 +50,7 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
         # Drop a token once the mass strictly before it already reaches top_p; the most
         # probable token always stays.
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p below float32's smallest number reads 0 there: keep the first anyway
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
     return scores.softmax(-1)

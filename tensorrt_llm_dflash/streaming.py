@@ -104,6 +104,15 @@ class IncrementalDetokenizer:
         self._tail = ""
         self._tail_returned = ""
         self._diverged = False
+        # Decoded after the returned text but held back (see _printable_length): the last word, a space.
+        self._held = ""
+
+    @property
+    def held(self) -> str:
+        """The text decoded so far but not yet returned (the last word, a space clean-up could still delete; an
+        incomplete character is left out). Tentative: later tokens may change it; a stop-string check reads it to
+        stop at the token that completes the string, as decoding the whole text would."""
+        return self._held
 
     @property
     def diverged(self) -> bool:
@@ -139,6 +148,7 @@ class IncrementalDetokenizer:
             return self._resync()
         pending = candidate[len(self._tail_returned) :]
         out = pending[: _printable_length(pending)]
+        self._held = pending[len(out) :]
         self._record(out)
         self._tail_returned += out
         if len(core) == len(new):
@@ -163,6 +173,7 @@ class IncrementalDetokenizer:
         self._record(out)
         self._tail = ""
         self._tail_returned = ""
+        self._held = ""
         self._advance()
         return out
 
@@ -186,10 +197,12 @@ class IncrementalDetokenizer:
         returned = self._returned_text()
         if not text.startswith(returned):
             self._diverged = True
+            self._held = ""
             return ""
         self._diverged = False
         rest = text[len(returned) :]
         out = rest[: _printable_length(rest)]
+        self._held = rest[len(out) :].rstrip(_REPLACEMENT)
         self._record(out)
         # If the text ends in an incomplete character, the base ends in U+FFFD. The next push
         # that completes it then does not match the base and comes back here. A character spans

@@ -96,17 +96,28 @@ class LiveServer:
     """The app served by uvicorn on 127.0.0.1, a free port, in a daemon thread; ``close()`` shuts it down."""
 
     def __init__(self, runner: BatchRunner, tokenizer: Any, *, max_queue: int = 64,
-                 eos_token_ids: frozenset[int] = frozenset()) -> None:
+                 eos_token_ids: frozenset[int] = frozenset(), max_body_bytes: int | None = None,
+                 shutdown_timeout: int | None = None) -> None:
+        """``shutdown_timeout``: serve through the command's ``graceful_server`` with that graceful timeout."""
         import uvicorn
+
+        from tensorrt_llm_dflash.serve.__main__ import graceful_server
 
         self.runner = runner
         self.engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=max_queue)
-        self.app = create_app(self.engine, ServerSettings(MODEL_NAME, eos_token_ids, tokenizer))
+        settings = ServerSettings(MODEL_NAME, eos_token_ids, tokenizer)
+        if max_body_bytes is not None:
+            settings.max_body_bytes = max_body_bytes
+        self.app = create_app(self.engine, settings)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        if shutdown_timeout is None:
+            self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning"))
+        else:
+            self.server = graceful_server(uvicorn.Config(self.app, log_level="warning",
+                                                         timeout_graceful_shutdown=shutdown_timeout), self.engine)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

@@ -321,3 +321,31 @@ def test_choose_tokens_greedy_and_sampled():
 def test_sampling_params_validation(kwargs, match):
     with pytest.raises(DFlashInputError, match=match):
         SamplingParams(**kwargs)
+
+
+def test_a_temperature_below_the_minimum_decodes_greedily():
+    """A temperature near float32's smallest numbers would overflow the scaled logits to inf and the softmax to NaN:
+    below MIN_TEMPERATURE a request is greedy (vLLM's rule)."""
+    from tensorrt_llm_dflash.sampling import MIN_TEMPERATURE, SamplingParams
+
+    for tiny in (1e-45, 1e-38, 1e-20, MIN_TEMPERATURE / 2):
+        assert SamplingParams(temperature=tiny).greedy
+    assert not SamplingParams(temperature=MIN_TEMPERATURE).greedy
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_top_p_that_underflows_keeps_the_most_probable_token(dtype):
+    """top_p = 1e-46 reads 0 in float32: every token would be dropped, the softmax NaN. The most probable token stays,
+    in the eager processed_probs and in the graphed runtime's per-row row_probs alike."""
+    from tensorrt_llm_dflash.graphed import row_probs
+    from tensorrt_llm_dflash.sampling import SamplingParams, processed_probs
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)).to(dtype)
+    top = logits.argmax(-1)
+    for top_p in (1e-46, 5e-324, 1e-3):
+        eager = processed_probs(logits, SamplingParams(temperature=1.0, top_p=top_p))
+        rows = row_probs(logits[None], torch.ones(1, dtype=torch.float64), torch.zeros(1, dtype=torch.long),
+                         torch.full((1,), top_p, dtype=torch.float64), True)[0]
+        for probs in (eager, rows):
+            assert not probs.isnan().any(), top_p
+            assert torch.equal(probs.argmax(-1), top) and torch.all(probs.max(-1).values == 1.0), top_p

@@ -24,7 +24,7 @@ import openai
 import pytest
 from serve_support import MODEL_NAME, LiveServer, SlowRunner, TinyModels, slowed, tiny_server
 
-from tensorrt_llm_dflash.serve.runner import GraphedRunner, RowStep
+from tensorrt_llm_dflash.serve.runner import GraphedRunner, RowStep, graphed_rows
 
 CHAT = [{"role": "system", "content": "You answer in code."}, {"role": "user", "content": "Add two numbers."}]
 
@@ -395,3 +395,160 @@ def test_a_failing_step_is_answered_and_the_server_goes_on(models):
         assert live.metrics()["dflash_requests_failed_total"] == 2
     finally:
         live.close()
+
+
+class ChattyRunner:
+    """One row whose every step commits " a" (a space, then a letter: the detokenizer releases text each step) after
+    sleeping ``seconds``: a long request sends text continuously for as long as it runs."""
+
+    def __init__(self, tokenizer, seconds: float = 0.02) -> None:
+        self.max_batch, self.max_model_len, self.vocab_size = 1, 100_000, len(tokenizer)
+        self.description, self.seconds = "chatty", seconds
+        self.tokens = list(tokenizer(" a", add_special_tokens=False)["input_ids"])
+        self.slots: set[int] = set()
+
+    def admit(self, slot: int, row) -> None:
+        self.slots.add(slot)
+
+    def step(self) -> dict[int, RowStep]:
+        time.sleep(self.seconds)
+        return {slot: RowStep(list(self.tokens), tree_size=2) for slot in self.slots}
+
+    def release(self, slot: int) -> None:
+        self.slots.discard(slot)
+
+
+def test_a_non_streamed_client_that_leaves_while_text_flows_frees_its_row_at_once(models):
+    """The row sends text every 20 ms; its non-streamed client gives up after 0.3 s: the request is cancelled within
+    a few disconnect polls, not only once the text pauses (it never does here)."""
+    live = LiveServer(ChattyRunner(models.tokenizer), models.tokenizer)
+    try:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(live.url + "/v1/completions", timeout=0.3,
+                       json={"prompt": "x", "max_tokens": 50_000, "temperature": 0})
+        gone = time.monotonic()
+        while live.metrics().get("dflash_requests_cancelled_total", 0) < 1:
+            assert time.monotonic() - gone < 2.0, "the abandoned request kept its row"
+            time.sleep(0.05)
+        assert live.metrics()["dflash_running_requests"] == 0
+    finally:
+        live.close()
+
+
+class SlowTokenizer:
+    """The tiny tokenizer, taking ``seconds`` to encode a prompt that starts with "slow"."""
+
+    def __init__(self, inner, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __call__(self, text, *args, **kwargs):
+        if isinstance(text, str) and text.startswith("slow"):
+            time.sleep(self.seconds)
+        return self.inner(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if "inner" not in self.__dict__:  # a copy being made: no attributes yet
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def test_a_prompt_being_encoded_blocks_nobody_and_a_huge_body_gets_413(models):
+    """Encoding runs off the event loop: while one prompt takes 2 s to encode, /health and another request are answered
+    at once. A body over the limit gets 413 in OpenAI's error shape, from its Content-Length or, sent without one,
+    as soon as it passes the limit; the server goes on."""
+    runner = graphed_rows(models.spec(speculative=False), 1)
+    live = LiveServer(runner, SlowTokenizer(models.tokenizer, 2.0), max_body_bytes=4096)
+    try:
+        slow: dict = {}
+        thread = threading.Thread(target=lambda: slow.update(r=httpx.post(
+            live.url + "/v1/completions", timeout=30, json={"prompt": "slow one", "max_tokens": 2, "temperature": 0})))
+        thread.start()
+        time.sleep(0.3)
+        start = time.monotonic()
+        assert httpx.get(live.url + "/health", timeout=5).status_code == 200
+        assert time.monotonic() - start < 1.0, "the event loop waited for the tokenizer"
+        thread.join(30)
+        assert slow["r"].status_code == 200
+        big = {"prompt": "x" * 5000, "max_tokens": 2}
+        response = httpx.post(live.url + "/v1/completions", json=big, timeout=30)
+        assert response.status_code == 413 and "accepts at most 4096" in response.json()["error"]["message"]
+
+        def chunks():
+            yield b'{"prompt": "'
+            for _ in range(10):
+                yield b"x" * 1000
+            yield b'"}'
+
+        response = httpx.post(live.url + "/v1/completions", content=chunks(), timeout=30,
+                              headers={"content-type": "application/json"})
+        assert response.status_code == 413, response.text
+        ids = models.encode("x")
+        assert live.client().completions.create(model=MODEL_NAME, prompt="x", max_tokens=3, temperature=0) \
+            .choices[0].text == models.solo_text(ids, 3)
+    finally:
+        live.close()
+
+
+def test_odd_but_valid_values_are_served_and_unknown_paths_answer_in_openai_shape(server, models):
+    """A temperature below float32's range decodes greedily (it once gave NaN probabilities and garbage), a top_k past
+    the vocabulary keeps every token (it once overflowed into a 500), null for stream/echo/skip_special_tokens is their
+    default; a prompt the tokenizer cannot encode (a lone surrogate) is a 400 naming the prompt, logprobs=0 on
+    completions (a request for the chosen tokens' log-probabilities) is refused; unknown paths and methods are 404 and
+    405 in OpenAI's error shape, and a body sent without a JSON content type is told so."""
+    ids = models.encode("def f(")
+    greedy = models.solo_text(ids, 8)
+    for extra in ({"temperature": 1e-300}, {"temperature": 1e-45}, {"top_k": 2 ** 63, "temperature": 0},
+                  {"top_k": 10 ** 30, "temperature": 0}, {"stream": None, "echo": None, "skip_special_tokens": None,
+                                                          "temperature": 0}):
+        response = httpx.post(server.url + "/v1/completions", timeout=30,
+                              json={"prompt": "def f(", "max_tokens": 8, **extra})
+        assert response.status_code == 200, (extra, response.text)
+        assert response.json()["choices"][0]["text"] == greedy, extra
+    response = httpx.post(server.url + "/v1/completions", timeout=30,
+                          content=b'{"prompt": "\\ud800abc", "max_tokens": 2}', headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
+    response = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "logprobs": 0}, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
+    for method, path, status, says in (("GET", "/v1/nothing", 404, "no such endpoint"),
+                                       ("GET", "/v1/completions", 405, "method not allowed")):
+        response = httpx.request(method, server.url + path, timeout=30)
+        assert response.status_code == status and says in response.json()["error"]["message"], response.text
+    response = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "x"}', timeout=30)
+    assert response.status_code == 400 and "Content-Type: application/json" in response.json()["error"]["message"]
+    assert server.client().completions.create(model=MODEL_NAME, prompt="x", max_tokens=2, temperature=0).usage
+
+
+def test_shutting_down_answers_what_cannot_finish(models):
+    """Ctrl-C with a long stream and a long non-streamed request in flight: the server stops taking connections, and
+    before its graceful timeout (3 s) cancels them, the engine stops so that both are answered: the stream with an
+    error event and [DONE], the other with 503."""
+    runner = SlowRunner(graphed_rows(models.spec(speculative=False), 2), 0.05)
+    live = LiveServer(runner, models.tokenizer, shutdown_timeout=3)
+    answers: dict = {}
+    body = {"prompt": "the answer is", "max_tokens": 400, "temperature": 0}
+
+    def streamed() -> None:
+        with httpx.stream("POST", live.url + "/v1/completions", json={**body, "stream": True}, timeout=30) as r:
+            answers["stream"] = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+
+    def plain() -> None:
+        answers["plain"] = httpx.post(live.url + "/v1/completions", json=body, timeout=30)
+
+    threads = [threading.Thread(target=streamed), threading.Thread(target=plain)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while live.metrics()["dflash_running_requests"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    start = time.monotonic()
+    live.close()
+    for thread in threads:
+        thread.join(30)
+    assert time.monotonic() - start < 3.5
+    assert answers["stream"][-1] == "[DONE]", answers["stream"][-3:]
+    assert "error" in json.loads(answers["stream"][-2]), answers["stream"][-2]
+    assert answers["plain"].status_code == 503 and "error" in answers["plain"].json()

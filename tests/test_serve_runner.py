@@ -269,6 +269,32 @@ def test_stop_strings_end_the_text_before_them_whatever_the_chunking():
             assert output.finish_reason == ("length" if expected == text else "stop")
 
 
+def test_a_stop_string_ends_the_tokens_at_the_one_that_completes_it():
+    """With a real BPE tokenizer a stop string is often completed inside a word that the detokenizer still holds back
+    (" Paris" for "Par"): the output must end at that token whatever the chunking (usage counts it, decoding stops
+    there), not at the later token that releases the word."""
+    from tensorrt_llm_dflash.target import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    rng = random.Random(3)
+    cases = [("The capital of France is Paris, a city of light and", "Par"),
+             ("x = 1\ndef fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1)", "fib"),
+             ("one two three four five six", "thr")]
+    held = 0
+    for text, stop in cases:
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        # The fewest tokens whose text holds the stop string (the one completing it is the last of them).
+        need = next(n for n in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:n]))
+        assert need < len(ids) - 2  # tokens follow: stopping late would show
+        probe = RowOutput(tokenizer, _request(max_tokens=len(ids)))
+        held += probe.push(ids[:need]) != tokenizer.decode(ids[:need])  # the detokenizer holds the word back
+        for _ in range(20):
+            chunks, output = _chunks(tokenizer, _request(max_tokens=len(ids), stop=(stop,)), ids, rng)
+            assert output.finish_reason == "stop" and output.token_ids == ids[:need], (text, len(output.token_ids))
+            assert "".join(chunks) == tokenizer.decode(ids[:need]).split(stop)[0]
+    assert held == len(cases)  # each stop string was completed inside held-back text
+
+
 def test_stop_tokens_and_the_length_limit_cut_the_tokens():
     tokenizer = char_tokenizer()
     ids = list(tokenizer("abcdefghij")["input_ids"])

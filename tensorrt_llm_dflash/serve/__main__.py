@@ -14,6 +14,7 @@ loads: a bad flag or a port in use exits with status 2 and one line naming it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import copy
 import importlib.util
 import logging
@@ -28,6 +29,9 @@ from .. import cli
 from ..errors import DFlashError
 from ..precision import guarantee, low_precision_warning
 from ..tree import MAX_DDTREE_BUDGET
+
+#: api.DEFAULT_MAX_BODY_BYTES in MiB (api imports FastAPI, which the flags are checked without).
+DEFAULT_MAX_BODY_MB = 16
 
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 #: The embedded target's name in /v1/models when --served_model_name is not given.
@@ -98,6 +102,11 @@ def build_parser() -> cli.ArgumentParser:
     server.add_argument("--max_model_len", type=cli.integer(1), default=None,
                         help="prompt + output tokens per request (default: the target's positions, less one "
                              "step's writes past the last)")
+    server.add_argument("--max_body_mb", type=cli.integer(1, 1024), default=DEFAULT_MAX_BODY_MB,
+                        help="largest request body in MiB; a larger one gets 413 (default %(default)s)")
+    server.add_argument("--shutdown_timeout", type=cli.integer(1, 3600), default=10,
+                        help="seconds Ctrl-C / SIGTERM lets requests in flight finish; the rest get 503 (default "
+                             "%(default)s)")
     server.add_argument("--log_level", choices=LOG_LEVELS, default="info")
     return ap
 
@@ -248,8 +257,8 @@ def build_server(args: argparse.Namespace, manage_engine: bool = True) -> tuple[
         runner = graphed_rows(spec, args.max_batch_size, args.max_model_len)
     # Two tokenizers: a fast tokenizer is not safe to share between the event loop and the engine thread.
     engine = Engine(runner, copy.deepcopy(tokenizer), max_queue=args.max_queue)
-    app = create_app(engine, ServerSettings(default_model_name(args), frozenset(eos), tokenizer),
-                     manage_engine=manage_engine)
+    app = create_app(engine, ServerSettings(default_model_name(args), frozenset(eos), tokenizer,
+                                            max_body_bytes=args.max_body_mb << 20), manage_engine=manage_engine)
     return app, engine
 
 
@@ -274,6 +283,32 @@ def start_model_thread(args: argparse.Namespace) -> tuple[Any, Any]:
     return result
 
 
+#: Seconds before uvicorn's graceful-shutdown timeout at which the engine stops: every request still in flight then
+#: gets its 503 (a stream its error event and [DONE]) while its connection is open, before uvicorn cancels it.
+SHUTDOWN_ANSWER_SECONDS = 2.0
+
+
+def graceful_server(config: Any, engine: Any) -> Any:
+    """A ``uvicorn.Server`` whose shutdown (Ctrl-C, SIGTERM) stops taking connections, lets the requests in flight
+    finish for ``timeout_graceful_shutdown - SHUTDOWN_ANSWER_SECONDS`` seconds, then stops the engine so that the
+    rest are answered (503 or a stream's error event), not cut off when uvicorn cancels them at the timeout."""
+    import uvicorn
+
+    class GracefulServer(uvicorn.Server):
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            async def answer_the_rest() -> None:
+                await asyncio.sleep(max(self.config.timeout_graceful_shutdown - SHUTDOWN_ANSWER_SECONDS, 0.0))
+                await asyncio.to_thread(engine.stop)
+
+            deadline = asyncio.create_task(answer_the_rest())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                deadline.cancel()
+
+    return GracefulServer(config)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sock: socket.socket = args.socket
@@ -294,15 +329,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serving {default_model_name(args)!r} ({engine.runner.description}; max_batch_size "
               f"{engine.runner.max_batch}, max_queue {engine.max_queue}, max_model_len {engine.runner.max_model_len}) "
               f"at http://{bound_host}:{bound_port}", flush=True)
-        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=10)
+        config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=args.shutdown_timeout)
         try:
-            uvicorn.Server(config).run(sockets=[sock])
+            graceful_server(config, engine).run(sockets=[sock])
         except KeyboardInterrupt:
             # uvicorn shuts down cleanly on Ctrl-C (the engine answers what is still in flight), then re-raises the
             # signal; stopping a server that way is the normal way, not an error.
             print("server stopped", flush=True)
         finally:
-            engine.stop()  # after uvicorn's graceful shutdown: whatever is still in the engine gets a 503
+            engine.stop()  # normally already stopped by graceful_server; an error path gets here too
     except DFlashError as err:
         cli.print_error(err)
         return 2

@@ -17,6 +17,7 @@ the next step boundary.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import time
@@ -27,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..compat import chat_token_ids
 from ..errors import DFlashError
@@ -45,8 +47,10 @@ from .protocol import (
 )
 from .sequence import GenerationRequest
 
-#: How often a non-streamed request checks whether its client is still there.
+#: How often a non-streamed request checks whether its client is still there (while text arrives too).
 DISCONNECT_POLL_SECONDS = 0.25
+#: The largest request body accepted (a prompt filling a 128k-token context is well under 1 MiB of text).
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 OWNER = "tensorrt-llm-dflash"
 
 
@@ -55,8 +59,52 @@ class ServerSettings:
     served_model_name: str
     #: EOS ids of the model (its generation config): every request stops there, as run.py does.
     eos_token_ids: frozenset[int]
-    #: The tokenizer the event loop uses (to encode prompts); the engine thread has its own.
+    #: The tokenizer that encodes prompts, on a thread of its own (the engine thread has another).
     tokenizer: Any
+    #: Bodies larger than this are refused with 413 before they are read (or as soon as they pass it).
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets 413 in OpenAI's error shape, decided from its
+    Content-Length before anything is read, or, for a body sent without one, as soon as the bytes read pass it (the
+    body is read here, at most ``limit`` bytes of it, and handed to the app as one message)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(send, int(declared))
+            return
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left before the body ended
+                await self.app(scope, _replay([message], receive), send)
+                return
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.limit:
+                await self._refuse(send, size)
+                return
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(parts), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
+
+    async def _refuse(self, send: Any, size: int) -> None:
+        body = json.dumps(error_body(f"the request body has {size} bytes or more; this server accepts at most "
+                                     f"{self.limit}")).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -66,9 +114,20 @@ def error_body(message: str, kind: str = "invalid_request_error", param: str | N
 
 def error_response(status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None,
                    ) -> JSONResponse:
-    kind = {400: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}.get(status,
-                                                                                                   "server_error")
+    kinds = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+             413: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+    kind = kinds.get(status, "server_error")
     return JSONResponse(error_body(message, kind, param), status_code=status, headers=headers)
+
+
+def _replay(messages: list[dict[str, Any]], receive: Any) -> Any:
+    """An ASGI receive that returns ``messages`` first, then what ``receive`` gets (a disconnect, later on)."""
+    queued = list(messages)
+
+    async def replaying() -> dict[str, Any]:
+        return queued.pop(0) if queued else await receive()
+
+    return replaying
 
 
 def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool = True) -> FastAPI:
@@ -81,11 +140,22 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
         try:
             yield
         finally:
+            encoder.shutdown(wait=False, cancel_futures=True)
             if manage_engine:
                 await asyncio.to_thread(engine.stop)
 
     app = FastAPI(title="tensorrt-llm-dflash", lifespan=lifespan)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     tokenizer = settings.tokenizer
+    # Prompts are encoded off the event loop (a long one takes seconds; /health and the streams must not wait), on
+    # one thread: a fast tokenizer is not safe to use from two threads at once.
+    encoder = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="dflash-tokenize")
+
+    async def encode(param: str, what: str, work: Any) -> list[int]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(encoder, work)
+        except Exception as err:  # noqa: BLE001 - a tokenizer or template refusing the text is the request's fault
+            raise InvalidRequest(param, f"{param}: {what}: {type(err).__name__}: {err}") from None
     runner = engine.runner
     metrics = engine.metrics
     created = int(time.time())
@@ -103,6 +173,15 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(_: Request, exc: InvalidRequest) -> JSONResponse:
         return rejected(400, exc.message, exc.param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """Unknown paths (404) and methods (405) in OpenAI's error shape, not FastAPI's ``{"detail": ...}``."""
+        message = {404: f"{request.method} {request.url.path}: no such endpoint (GET /v1/models, POST "
+                        f"/v1/completions, POST /v1/chat/completions, GET /health, GET /metrics)",
+                   405: f"{request.method} {request.url.path}: method not allowed"}.get(exc.status_code,
+                                                                                       str(exc.detail))
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
 
     @app.get("/health")
     async def health() -> Response:
@@ -132,7 +211,8 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
         refuse_unsupported(body)
         text, ids = completion_prompt(body)
         if ids is None:
-            ids = list(tokenizer(text)["input_ids"])
+            ids = await encode("prompt", "the tokenizer cannot encode it",
+                               lambda: list(tokenizer(text)["input_ids"]))
         generation = build_request(
             body, ids, prompt_param="prompt", max_tokens_param="max_tokens", requested_max_tokens=body.max_tokens,
             default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len=runner.max_model_len,
@@ -151,10 +231,9 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidRequest("messages", "messages: this model's tokenizer has no chat template; use "
                                              "/v1/completions with the prompt text")
-        try:
-            ids = chat_token_ids(tokenizer, chat_messages(body))
-        except Exception as err:  # noqa: BLE001 - a template may refuse a conversation (roles out of order, ...)
-            raise InvalidRequest("messages", f"messages: the chat template refused them: {err}") from None
+        messages = chat_messages(body)
+        # A template may refuse a conversation (roles out of order, ...), a tokenizer some text (a lone surrogate).
+        ids = await encode("messages", "the chat template refused them", lambda: chat_token_ids(tokenizer, messages))
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         generation = build_request(
@@ -189,14 +268,21 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
     async def collect(request: Request, generation: GenerationRequest, events: asyncio.Queue[Event],
                       shape: ResponseShape) -> Response:
         parts: list[str] = []
+        loop = asyncio.get_running_loop()
+        check_at = loop.time() + DISCONNECT_POLL_SECONDS
         try:
             while True:
+                event = None
                 try:
-                    event = await asyncio.wait_for(events.get(), DISCONNECT_POLL_SECONDS)
+                    event = await asyncio.wait_for(events.get(), max(check_at - loop.time(), 0.0))
                 except asyncio.TimeoutError:  # TimeoutError only from Python 3.11 on
+                    pass
+                if loop.time() >= check_at:  # on the clock, not only when no text came: a decoding row sends often
                     if await request.is_disconnected():
                         engine.cancel(generation.request_id)
                         return Response(status_code=499)  # nobody reads it; the row is freed
+                    check_at = loop.time() + DISCONNECT_POLL_SECONDS
+                if event is None:
                     continue
                 if isinstance(event, TextDelta):
                     parts.append(event.text)

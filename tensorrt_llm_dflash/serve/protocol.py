@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from ..cli import MAX_SEED
-from ..sampling import SamplingParams
+from ..sampling import MIN_TEMPERATURE, SamplingParams
 from .sequence import GenerationRequest
 
 #: OpenAI's default for /v1/completions (vLLM's too); chat completions default to the rest of the context.
@@ -62,9 +62,9 @@ class _Sampling(BaseModel):
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
     seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
-    stream: StrictBool = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
-    skip_special_tokens: StrictBool = True
+    skip_special_tokens: StrictBool | None = True
     user: StrictStr | None = None
     # Accepted only at their defaults (a request that asks for more is refused, never silently ignored).
     n: StrictInt | None = None
@@ -76,7 +76,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: StrictStr | list[StrictStr] | list[StrictInt]
-    echo: StrictBool = False
+    echo: StrictBool | None = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
 
@@ -121,7 +121,11 @@ def format_validation_error(errors: list[dict[str, Any]]) -> InvalidRequest:
     if not loc or kind == "model_attributes_type":
         where = ".".join(str(p) for p in loc)
         what = f"{where}: " if where else "the request body: "
-        return InvalidRequest(where or None, f"{what}must be a JSON object, got {show(error.get('input'))}")
+        got = error.get("input")
+        if not where and isinstance(got, (bytes, str)):  # FastAPI reads a body without a JSON content type as bytes
+            return InvalidRequest(None, "the request body: send it as JSON with the header Content-Type: "
+                                        f"application/json (got {show(got)})")
+        return InvalidRequest(where or None, f"{what}must be a JSON object, got {show(got)}")
     # A union's errors carry the member's name in loc (stop.str, stop.list[str].0): keep the path a client wrote,
     # and report the member that got furthest into the value (stop=[3] is a list whose item 0 is not a string).
     deepest = max(len(e.get("loc", ())) for e in errors)
@@ -156,7 +160,9 @@ def refuse_unsupported(body: _Sampling) -> None:
     """Fields this server does not implement, refused by name unless at their do-nothing default."""
     checks: list[tuple[str, Any, bool]] = [
         ("n", body.n, body.n in (None, 1)),
-        ("logprobs", body.logprobs, body.logprobs in (None, False, 0)),
+        # /v1/completions' logprobs is a count (0 still asks for the chosen tokens'), chat's a flag.
+        ("logprobs", body.logprobs, body.logprobs is None or (isinstance(body, ChatCompletionRequest)
+                                                             and body.logprobs is False)),
         ("presence_penalty", body.presence_penalty, body.presence_penalty in (None, 0, 0.0)),
         ("frequency_penalty", body.frequency_penalty, body.frequency_penalty in (None, 0, 0.0)),
         ("logit_bias", body.logit_bias, not body.logit_bias),
@@ -224,10 +230,13 @@ def build_request(body: _Sampling, prompt_ids: list[int], *, prompt_param: str, 
     stop_ids = list(body.stop_token_ids or [])
     check_token_ids("stop_token_ids", stop_ids, vocab_size)
     temperature = 1.0 if body.temperature is None else float(body.temperature)  # OpenAI's default
+    if temperature < MIN_TEMPERATURE:
+        temperature = 0.0  # greedy (SamplingParams's rule, applied first so that no seed is drawn for it)
     seed = body.seed
     if temperature > 0 and seed is None:
         seed = secrets.randbelow(MAX_SEED + 1)  # reported in the response, so the client can reproduce it
-    sampling = SamplingParams(temperature, 1.0 if body.top_p is None else float(body.top_p), body.top_k or 0, seed)
+    top_k = min(body.top_k or 0, vocab_size)  # a k past the vocabulary keeps every token, as the vocabulary does
+    sampling = SamplingParams(temperature, 1.0 if body.top_p is None else float(body.top_p), top_k, seed)
     return GenerationRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex}",
         prompt_ids=list(prompt_ids),
@@ -235,7 +244,7 @@ def build_request(body: _Sampling, prompt_ids: list[int], *, prompt_param: str, 
         sampling=sampling,
         stop=stop_strings(body),
         stop_token_ids=frozenset(eos_token_ids) | frozenset(stop_ids),
-        skip_special_tokens=body.skip_special_tokens,
+        skip_special_tokens=body.skip_special_tokens is not False,
     )
 
 

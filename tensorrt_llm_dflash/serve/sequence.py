@@ -75,11 +75,30 @@ class RowOutput:
             if len(self.token_ids) + len(accepted) >= self.request.max_tokens:
                 reason = LENGTH
                 break
+        if self._stops:
+            return self._push_watching_stops(accepted, reason)
         self.token_ids.extend(accepted)
         text = self._detokenizer.push(accepted)
         if reason is not None:
             text += self._detokenizer.flush()
         return self._emit(text, reason)
+
+    def _push_watching_stops(self, accepted: list[int], reason: str | None) -> str:
+        """``push`` with stop strings: one token at a time, each checked against all the text decoded so far (the
+        detokenizer's held-back last word included), so the output ends at the token that completes a stop string,
+        as decoding token by token would: no later token is counted (usage) or decoded."""
+        out = []
+        for i, token in enumerate(accepted):
+            self.token_ids.append(token)
+            last = i == len(accepted) - 1
+            text = self._detokenizer.push([token])
+            seen = self._unsent + text + self._detokenizer.held
+            if (last and reason is not None) or any(stop in seen for stop in self._stops):
+                text += self._detokenizer.flush()  # the final text of these tokens, to cut at the stop
+            out.append(self._emit(text, reason if last else None))
+            if self.finished:
+                break
+        return "".join(out)
 
     def _emit(self, text: str, reason: str | None) -> str:
         self._unsent += text
