@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="HF target directory (config.json + *.safetensors)")
     ap.add_argument("--dflash_model_dir", type=cli.existing_dir, required=True,
                     help="DFlash drafter directory (published format)")
-    ap.add_argument("--output_dir", type=cli.output_dir, required=True,
+    ap.add_argument("--output_dir", type=cli.result_dir, required=True,
                     help="where config.json and rank{N}.safetensors go (replaced as a whole when complete)")
     ap.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default="auto")
     ap.add_argument("--tp_size", type=cli.integer(1, 1024), default=1)

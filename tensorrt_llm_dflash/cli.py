@@ -139,6 +139,19 @@ def output_dir(text: str) -> str:
     return text
 
 
+def result_dir(text: str) -> str:
+    """``output_dir`` for a directory result, which is published by replacing the directory as a whole
+    (``files.publish_dir``): not the current directory nor one holding it (that replacement would fail, or pull the
+    directory out from under the running process, at the very end of the work)."""
+    output_dir(text)
+    here = Path.cwd().resolve()
+    resolved = Path(text).resolve()
+    if resolved == here or resolved in here.parents:
+        _fail(f"{text!r} is (or holds) the current directory; the result replaces its directory as a whole, so give "
+              f"it a directory of its own")
+    return text
+
+
 def output_file(text: str) -> str:
     """A file path whose directory exists and is writable."""
     path = Path(text)

@@ -150,6 +150,14 @@ def _exchange(a: Path, b: Path) -> bool:
     return rc == 0
 
 
+def _link_or_copy(source: str, target: str) -> None:
+    """A carried-over file as a hard link (the same data, nothing copied), or a copy where links fail."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def _is_owned(name: str, owned: Iterable[str]) -> bool:
     return any(fnmatch(name, pattern) for pattern in owned)
 
@@ -161,11 +169,21 @@ def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
     ``owned`` are glob patterns of the files this kind of result consists of. Files of an
     earlier result that match them and are not rewritten disappear (stale shards of a
     conversion with more ranks, an old ``model.safetensors.index.json``); anything else
-    the user keeps in the directory (a model card, notes) is carried over. On Linux the
-    old and new directories are exchanged in one atomic rename; elsewhere the window is
-    two renames, and the loser of a kill inside it is a hidden ``.NAME.old-*`` sibling.
+    the user keeps in the directory (a model card, notes, whole subdirectories: the models
+    a conversion read, a training run's work directory) is carried over, subdirectories as
+    hard-linked copies (no data copied; a plain copy where links cannot be made), so the
+    old directory holds them until the new one does. On Linux the old and new directories
+    are exchanged in one atomic rename; elsewhere the window is two renames, and the loser
+    of a kill inside it is a hidden ``.NAME.old-*`` sibling.
+
+    The current directory, or one holding it, is refused before the block runs: it would be
+    replaced under the running process (and a relative ``.`` cannot be renamed at all).
     """
-    final = Path(final)
+    final = Path(final).absolute()
+    here = Path.cwd().resolve()
+    if final.resolve() == here or final.resolve() in here.parents:
+        raise DFlashInputError(f"{final}: a directory result replaces its directory as a whole, and this one is (or "
+                               f"holds) the current directory {here}; write it to a directory of its own")
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}{_STAGING_TAG}*"):
         shutil.rmtree(stale, ignore_errors=True)
@@ -182,10 +200,14 @@ def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
         if final.is_dir():
             for entry in final.iterdir():
                 target = staging / entry.name
-                if entry.is_file() and not _is_owned(entry.name, owned) and not target.exists():
-                    shutil.copy2(entry, target)
+                if _is_owned(entry.name, owned) or target.exists() or target.is_symlink():
+                    continue
+                if entry.is_symlink() or not entry.is_dir():
+                    shutil.copy2(entry, target, follow_symlinks=False)
+                else:
+                    shutil.copytree(entry, target, symlinks=True, copy_function=_link_or_copy)
         for entry in staging.iterdir():
-            if entry.is_file():
+            if entry.is_file() and not entry.is_symlink():
                 with open(entry, "rb") as f:
                     os.fsync(f.fileno())
         _fsync_dir(staging)

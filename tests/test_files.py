@@ -60,6 +60,44 @@ def test_a_republished_directory_drops_stale_result_files_and_keeps_the_users_ow
     assert (out / "rank0.safetensors").read_text() == "tp1" and (out / "NOTES.md").read_text() == "mine"
 
 
+def test_a_republished_directory_keeps_the_users_subdirectories_and_links(tmp_path):
+    """A conversion written over the directory holding its input models, or a training run whose work directory is
+    inside its output: every subdirectory and link the result does not own is carried over (a hard-linked copy: the
+    same data), an owned subdirectory is replaced, and a failed publish leaves everything where it was."""
+    out = tmp_path / "demo"
+    (out / "target" / "nested").mkdir(parents=True)
+    (out / "target" / "model.safetensors").write_bytes(b"weights")
+    (out / "target" / "nested" / "deep.txt").write_text("deep")
+    (out / "work").mkdir()
+    (out / "work" / "checkpoint.pt").write_bytes(b"ckpt")
+    (out / "stale_shards").mkdir()
+    (out / "stale_shards" / "x").write_text("old")
+    (out / "link").symlink_to("target/model.safetensors")
+    owned = ["config.json", "stale_shards"]
+    with pytest.raises(Boom), publish_dir(out, owned) as staging:
+        raise Boom
+    with publish_dir(out, owned) as staging:
+        atomic_write_text(staging / "config.json", "new")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "link", "target", "work"]
+    assert (out / "target" / "model.safetensors").read_bytes() == b"weights"
+    assert (out / "target" / "nested" / "deep.txt").read_text() == "deep"
+    assert (out / "work" / "checkpoint.pt").read_bytes() == b"ckpt"
+    assert (out / "link").is_symlink() and (out / "link").read_bytes() == b"weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]  # no staging or old directory left
+
+
+def test_the_current_directory_is_refused_before_the_work(tmp_path, monkeypatch):
+    """``--output_dir .`` once failed at the very end (EBUSY renaming "."), after all the work."""
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    for final in (".", tmp_path / "run", tmp_path):
+        ran = False
+        with pytest.raises(DFlashInputError, match="holds\\) the current directory"):
+            with publish_dir(final, ["config.json"]):
+                ran = True
+        assert not ran
+
+
 def test_reconverting_with_fewer_ranks_leaves_no_stale_rank_and_a_failure_keeps_the_old_checkpoint(tmp_path):
     """The reported defect: a failed re-conversion left config.json bf16, rank0 fp32, rank1 bf16."""
     from tensorrt_llm_dflash.drafter import save_dflash_drafter
