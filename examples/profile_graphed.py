@@ -36,40 +36,74 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.assets import resolve_drafter_dir  # noqa: E402
 from tensorrt_llm_dflash.bench import encode_prompt, load_prompts  # noqa: E402
 from tensorrt_llm_dflash.drafter import load_dflash_drafter  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
 from tensorrt_llm_dflash.graphed import STEP_STAGES, GraphedDecoder  # noqa: E402
-from tensorrt_llm_dflash.target import load_target  # noqa: E402
+from tensorrt_llm_dflash.target import load_target, load_tokenizer  # noqa: E402
+from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
 
 METHODS = {"ar-graph": "AR", "dflash-graph": "chain", "auto-graph": "cost-aware tree + lookup"}
+METHOD_SYNTAX = "ar-graph, dflash-graph, auto-graph, ddtree-graph:B"
+DTYPES = ["float32", "bfloat16", "float16", "float64"]
+#: Longest generation accepted, as examples/run.py's --max_output_len; the target's own limit applies after loading.
+MAX_NEW_TOKENS = 1 << 20
+#: The most rows --batch_costs times, the server's --max_batch_size limit (serve/__main__.py MAX_BATCH_SIZE): the
+#: concurrencies a deployment of this runtime can have.
+MAX_BATCH_ROWS = 256
+
+
+def needs_drafter(args: argparse.Namespace) -> bool:
+    """Every method but ar-graph drafts, and --batch_costs and --kernels time the drafter's stages."""
+    return any(m != "ar-graph" for m in args.methods) or bool(args.batch_costs) or args.kernels
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target_model_dir", default=None, help="HF dir or .gguf (default: embedded SmolLM2)")
-    ap.add_argument("--draft_model_dir", default=None, help="DFlash drafter dir (default: the shipped demo drafter)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "float64"])
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                    help="HF dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--draft_model_dir", type=cli.existing_dir, default=None,
+                    help="DFlash drafter dir (default with the embedded target: the shipped demo drafter); loaded "
+                         "only for the speculative methods, --batch_costs and --kernels")
+    ap.add_argument("--no_chat_template", action="store_true", help="send the prompt text as-is")
+    ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=DTYPES)
     ap.add_argument("--methods", nargs="+", default=["ar-graph", "dflash-graph", "auto-graph", "ddtree-graph:32"],
-                    help="ar-graph, dflash-graph, auto-graph, ddtree-graph:B")
-    ap.add_argument("--max_new_tokens", type=int, default=128)
+                    help=METHOD_SYNTAX)
+    ap.add_argument("--max_new_tokens", type=cli.integer(1, MAX_NEW_TOKENS), default=128)
     ap.add_argument("--kernels", action="store_true", help="torch.profiler kernel tables of one verify and one draft")
-    ap.add_argument("--batch_costs", type=int, nargs="+", default=None, metavar="B",
+    ap.add_argument("--batch_costs", type=cli.integer(1, MAX_BATCH_ROWS), nargs="+", default=None, metavar="B",
                     help="time the cost-aware tree's step per stage at these batch sizes (rows), every tree size")
-    ap.add_argument("--output_dir", default=None)
+    ap.add_argument("--output_dir", type=cli.output_dir, default=None, help="writes DIR/profile.json")
     args = ap.parse_args(argv)
-    for rows in args.batch_costs or ():
-        if rows < 1:
-            ap.error(f"--batch_costs: batch sizes must be >= 1, got {rows}")
     for method in args.methods:
-        name, _, param = method.partition(":")
-        if name not in METHODS and not (name == "ddtree-graph" and param.isdigit() and int(param) >= 1):
-            ap.error(f"--methods: unknown method {method!r} (ar-graph, dflash-graph, auto-graph, ddtree-graph:B)")
-    if args.max_new_tokens < 1:
-        ap.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+        name, sep, param = method.partition(":")
+        if name == "ddtree-graph":
+            if not sep:
+                cli.refuse(ap, "--methods", f"{method!r} needs a node budget: write ddtree-graph:B, e.g. ddtree-graph:16")
+            try:
+                cli.integer(1, MAX_DDTREE_BUDGET)(param)
+            except argparse.ArgumentTypeError as err:
+                cli.refuse(ap, "--methods", f"{method!r}: the budget B {err}")
+        elif name not in METHODS or sep:
+            cli.refuse(ap, "--methods", f"unknown method {method!r} ({METHOD_SYNTAX})")
+    # A repeat would profile (and load, for a dtype) the same thing again and overwrite its report entry.
+    for flag, values in (("--methods", args.methods), ("--dtypes", args.dtypes)):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            cli.refuse(ap, flag, f"lists {', '.join(repeated)} more than once")
+    if needs_drafter(args):
+        if args.target_model_dir is not None and args.draft_model_dir is None:
+            cli.refuse(ap, "--draft_model_dir", "is required with --target_model_dir (the demo drafter only fits the "
+                                                "embedded SmolLM2 target), or profile only --methods ar-graph "
+                                                "(without --batch_costs and --kernels)")
+    elif args.draft_model_dir is not None:
+        cli.refuse(ap, "--draft_model_dir", "applies to the speculative methods (dflash-graph, auto-graph, "
+                                            "ddtree-graph:B), --batch_costs and --kernels: --methods ar-graph "
+                                            "loads no drafter")
     return args
 
 
@@ -186,15 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     try:
-        draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
-                                        "pass --draft_model_dir, or profile only --methods ar-graph")
+        draft_dir = (resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
+                                         "pass --draft_model_dir, or profile only --methods ar-graph")
+                     if needs_drafter(args) else None)
+        # Encoded once, before any model loads: a tokenizer without a chat template is refused in a second, not
+        # after the first dtype's model has loaded.
+        prompt = encode_prompt(load_tokenizer(args.target_model_dir), load_prompts("humaneval", 1)[0],
+                               not args.no_chat_template)
         report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                        "torch": torch.__version__, "command": " ".join(sys.argv), "dtypes": {}}
+                        "torch": torch.__version__, "command": " ".join(sys.argv),
+                        "chat_template": not args.no_chat_template, "dtypes": {}}
         for dtype_name in args.dtypes:
             dtype = getattr(torch, dtype_name)
-            model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=args.device)
-            drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
-            prompt = encode_prompt(tokenizer, load_prompts("humaneval", 1)[0], True)
+            model, _ = load_target(args.target_model_dir, dtype=dtype, device=args.device)
+            drafter = None if draft_dir is None else load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
             entry: dict = {"methods": [], "compaction": profile_compaction(model, device)}
             print(f"[{dtype_name}] compaction {entry['compaction']}", flush=True)
             for method in args.methods:
@@ -231,8 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             out.mkdir(parents=True, exist_ok=True)
             atomic_write_json(out / "profile.json", report)
             print(f"wrote {out / 'profile.json'}")
-    except DFlashError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (DFlashError, OSError) as err:  # a model that does not load, a report that cannot be written
+        cli.print_error(err)
         return 2
     return 0
 

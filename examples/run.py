@@ -94,6 +94,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
         if args.draft_type != "dflash":
             cli.refuse(ap, "--draft_type", f"{args.draft_type!r} runs only with --backend pytorch")
+    else:
+        # The PyTorch backend loads --target_model_dir (or the embedded target) and its own tokenizer: an engine or
+        # an engine's tokenizer given here would be ignored, so the run would not be the one asked for.
+        for flag, given in (("--engine_dir", args.engine_dir is not None),
+                            ("--tokenizer_dir", args.tokenizer_dir is not None)):
+            if given:
+                cli.refuse(ap, flag, "applies to --backend trt (a TensorRT-LLM engine)")
+    if args.speculative_decoding_mode == "none" and args.ddtree_budget is not None:
+        # Without a drafter every step verifies one token: a budget would be ignored.
+        cli.refuse(ap, "--ddtree_budget", "needs --speculative_decoding_mode dflash (there is no drafter in 'none')")
     if args.runtime == "graphed":
         if args.backend != "pytorch" or args.draft_type != "dflash":
             cli.refuse(ap, "--runtime", "'graphed' runs the PyTorch backend with a DFlash drafter (or none)")
@@ -348,13 +358,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int, text: str) -> None:
+def check_prompt_fits(prompt_len: int, max_output_len: int, limit: int, text: str) -> None:
+    """Refuse a prompt that cannot be generated from, naming the flag to change: --input_text when the prompt alone
+    leaves no room for a token, else --max_output_len (the target's own message names its max_new_tokens, a name
+    this command line does not have)."""
     from tensorrt_llm_dflash.errors import DFlashInputError
     from tensorrt_llm_dflash.target import check_prompt_fits as fits
 
     try:
-        fits(prompt_len, max_new_tokens, limit)
+        fits(prompt_len, max_output_len, limit)
     except DFlashInputError as err:
+        if 1 <= prompt_len < limit:
+            raise DFlashInputError(
+                f"--max_output_len={max_output_len}: the {prompt_len}-token prompt {text[:40]!r} + "
+                f"{max_output_len} new tokens = {prompt_len + max_output_len} exceeds the target's "
+                f"max_position_embeddings={limit}; at most {limit - prompt_len} new tokens fit after it") from None
         raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
 
 

@@ -216,8 +216,9 @@ def test_compare_runs_reports_change_and_z(tmp_path, capsys):
     assert len(lines) == 3 and lines[2].startswith("| dflash |")  # ar is the baseline, not compared
     assert "| 2.00 +- 0.58 | 3.00 +- 0.58 | +1.00 | +1.2 |" in lines[2]  # z = 1 / hypot(0.577, 0.577)
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(DFlashInputError, match="bad.json: not a results.json"):
+    with pytest.raises(SystemExit) as exit_info:  # refused by argument: status 2, one line, no traceback
         compare_runs.main([str(tmp_path / "bad.json"), after])
+    assert exit_info.value.code == 2 and "argument before: " in capsys.readouterr().err
 
 
 def test_aggregation_math_on_hand_made_numbers():
