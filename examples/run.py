@@ -94,6 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                            "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
         if args.draft_type != "dflash":
             cli.refuse(ap, "--draft_type", f"{args.draft_type!r} runs only with --backend pytorch")
+        # An engine holds its own target, drafter and dtype: these would be ignored (the server refuses them too).
+        for flag, given in (("--target_model_dir", args.target_model_dir is not None),
+                            ("--draft_model_dir", args.draft_model_dir is not None),
+                            ("--dtype", args.dtype != "float32")):
+            if given:
+                cli.refuse(ap, flag, "applies to --backend pytorch: an engine holds its own target, drafter and dtype")
     else:
         # The PyTorch backend loads --target_model_dir (or the embedded target) and its own tokenizer: an engine or
         # an engine's tokenizer given here would be ignored, so the run would not be the one asked for.
@@ -101,9 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             ("--tokenizer_dir", args.tokenizer_dir is not None)):
             if given:
                 cli.refuse(ap, flag, "applies to --backend trt (a TensorRT-LLM engine)")
-    if args.speculative_decoding_mode == "none" and args.ddtree_budget is not None:
-        # Without a drafter every step verifies one token: a budget would be ignored.
-        cli.refuse(ap, "--ddtree_budget", "needs --speculative_decoding_mode dflash (there is no drafter in 'none')")
+    if args.speculative_decoding_mode == "none":
+        # Without a drafter every step verifies one token: a budget or a drafter would be ignored.
+        for flag, given in (("--ddtree_budget", args.ddtree_budget is not None),
+                            ("--draft_model_dir", args.draft_model_dir is not None)):
+            if given:
+                cli.refuse(ap, flag, "needs --speculative_decoding_mode dflash (there is no drafter in 'none')")
     if args.runtime == "graphed":
         if args.backend != "pytorch" or args.draft_type != "dflash":
             cli.refuse(ap, "--runtime", "'graphed' runs the PyTorch backend with a DFlash drafter (or none)")

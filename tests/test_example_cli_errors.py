@@ -80,6 +80,8 @@ def _stub_module_loaders(module, monkeypatch) -> None:
     (["--tokenizer_dir", "{tokenizer}"], "argument --tokenizer_dir: applies to --backend trt (a TensorRT-LLM engine)"),
     (["--speculative_decoding_mode", "none", "--ddtree_budget", "8"],
      "argument --ddtree_budget: needs --speculative_decoding_mode dflash (there is no drafter in 'none')"),
+    (["--speculative_decoding_mode", "none", "--draft_model_dir", "{tokenizer}"],
+     "argument --draft_model_dir: needs --speculative_decoding_mode dflash (there is no drafter in 'none')"),
 ])
 def test_run_flags_it_would_ignore_are_refused_before_any_load(argv, message, dirs, no_model_loads, capsys,
                                                                 monkeypatch):
@@ -100,6 +102,18 @@ def test_run_engine_flags_pass_with_the_trt_backend_it_infers(dirs, no_model_loa
     assert run.parse_args(["--speculative_decoding_mode", "none"]).backend == "pytorch"
     line = _one_line_refusal(lambda: run.parse_args(["--tokenizer_dir", str(dirs / "tokenizer")]), capsys)
     assert "argument --tokenizer_dir" in line
+
+
+@pytest.mark.parametrize("extra, flag", [(["--target_model_dir", "{tokenizer}"], "--target_model_dir"),
+                                         (["--draft_model_dir", "{tokenizer}"], "--draft_model_dir"),
+                                         (["--dtype", "bfloat16"], "--dtype")])
+def test_run_with_an_engine_refuses_the_pytorch_models_flags(extra, flag, dirs, no_model_loads, monkeypatch, capsys):
+    """An engine holds its own target, drafter and dtype: run.py refuses those flags with it, as the server does."""
+    run = load_example("run")
+    monkeypatch.setattr(cli, "require_module", lambda *args: None)
+    argv = ["--engine_dir", str(dirs / "engine"), *[a.format(tokenizer=dirs / "tokenizer") for a in extra]]
+    line = _one_line_refusal(lambda: run.parse_args(argv), capsys)
+    assert f"argument {flag}: applies to --backend pytorch: an engine holds its own" in line, line
 
 
 @pytest.fixture(scope="module")
