@@ -243,6 +243,12 @@ def test_hook_recognises_dflash_builds(tmp_path, dflash_ckpt):
     assert hook.wants_dflash([f"--checkpoint_dir={dflash_ckpt}"])
     assert not hook.wants_dflash(["--checkpoint_dir", str(tmp_path / "none")])
     assert not hook.wants_dflash(["--speculative_decoding_mode", "medusa", "--max_batch_size", "8"])
+    # Abbreviated, as trtllm-build's argparse takes them: still ours (TensorRT-LLM would refuse 'dflash' unexplained).
+    assert hook.wants_dflash(["--speculative_decoding", "dflash"])
+    assert hook.wants_dflash(["--spec=dflash", "--max_batch_size", "1"])
+    assert hook.wants_dflash(["--checkpoint", str(dflash_ckpt)])
+    assert hook.wants_dflash(["--checkpoint_d=" + str(tmp_path / "none"), "--checkpoint_dir", str(dflash_ckpt)])
+    assert not hook.wants_dflash(["--checkpoint", str(tmp_path / "none"), "--spec", "medusa"])
 
 
 def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_ckpt):
@@ -281,3 +287,137 @@ def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_c
                                   "--speculative_decoding_mode", "medusa", "--max_draft_len", "9"]
     hook.install()  # already imported: wrapping again is a no-op
     assert commands.main._dflash_hooked
+
+
+# ------------------------------- flags as trtllm-build's argparse reads them (abbreviations)
+
+
+@pytest.mark.parametrize(("flags", "refused"), [
+    (["--max_draft", "300"], "--max_draft_len=300 is out of range 7..256"),
+    (["--max_draft=300"], "--max_draft_len=300 is out of range 7..256"),
+    (["--max_draft_l", "6"], "--max_draft_len=6 is out of range 7..256"),
+    (["--max_draft", "many"], "--max_draft_len='many' is not an integer"),
+    (["--tokens", "8"], "the JIT XQA kernels take paged KV blocks of 16/32"),
+    (["--kv_cache=disabled"], "--kv_cache_type=disabled"),
+    (["--max_d", "300"], "ambiguous option: --max_d could match --max_decoder_seq_len, --max_draft_len"),
+    (["--max_draft_len", "31", "--spec", "eagle"], "(got --speculative_decoding_mode='eagle')"),
+])
+def test_abbreviated_flags_are_checked(fake_trtllm, dflash_ckpt, capsys, flags, refused):
+    """trtllm-build's argparse takes a unique prefix of any flag: ``--max_draft 300`` built an
+    engine with max_draft_len=300 past every check. Flags resolve as argparse resolves them."""
+    code = build.main(["--checkpoint", str(dflash_ckpt), "--speculative_decoding_mode", "dflash",
+                       "--max_batch_size", "1", "--remove_input_padding", "enable", *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and refused in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert fake_trtllm["argv"] is None
+
+
+def test_abbreviated_flags_reach_the_build(fake_trtllm, dflash_ckpt):
+    import os
+
+    assert build.main([f"--checkpoint={dflash_ckpt}", "--speculative_decoding", "dflash", "--max_draft", "31",
+                       "--max_batch_size", "1"]) == 0
+    assert fake_trtllm["argv"] == ["trtllm-build", f"--checkpoint={dflash_ckpt}", "--speculative_decoding_mode",
+                                   "medusa", "--max_draft", "31", "--max_batch_size", "1"]
+    assert os.environ[build.MAX_DRAFT_LEN_ENV] == "31"
+    assert build.translate_argv(["--speculative_decoding=dflash", "--spec", "dflash"]) == (
+        ["--speculative_decoding_mode=medusa", "--speculative_decoding_mode", "medusa"], True)
+    # a value is never read as a flag, and nothing after "--" is an option
+    assert build.translate_argv(["--output_dir", "--speculative_decoding_mode", "dflash"])[1]
+    assert build.translate_argv(["--", "--speculative_decoding_mode", "dflash"]) == (
+        ["--", "--speculative_decoding_mode", "dflash"], False)
+    assert build._flag_value(["--max_draft_len", "-5"], "--max_draft_len") == "-5"  # argparse's negative number
+
+
+def test_the_abbreviated_dflash_mode_cannot_skip_the_checks(fake_trtllm, tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM"}))
+    for mode in (["--speculative_decoding", "dflash"], ["--speculative_decoding=dflash"], ["--spec=dflash"]):
+        assert build.main(["--checkpoint_dir", str(tmp_path), *mode]) == 2, mode
+        assert "architecture 'LlamaForCausalLM'" in capsys.readouterr().err
+    assert fake_trtllm["argv"] is None
+
+
+def test_flags_come_from_trtllm_builds_own_parser_once_it_is_loaded(fake_trtllm, dflash_ckpt, capsys):
+    """Through hook.py, TensorRT-LLM's module is imported: its parser decides what a prefix means."""
+    import argparse
+
+    def parse_arguments(allow_abbrev=True, extra=("--max_draft_tokens",)):
+        parser = argparse.ArgumentParser(allow_abbrev=allow_abbrev)
+        for flag in ("--checkpoint_dir", "--speculative_decoding_mode", "--max_draft_len", *extra):
+            parser.add_argument(flag)
+        return parser
+
+    commands_build = sys.modules["tensorrt_llm.commands.build"]
+    argv = ["--checkpoint_dir", str(dflash_ckpt), "--speculative_decoding_mode", "dflash", "--max_draft", "300"]
+    commands_build.parse_arguments = parse_arguments
+    assert build.main(argv) == 2
+    assert "ambiguous option: --max_draft could match --max_draft_len, --max_draft_tokens" in capsys.readouterr().err
+    commands_build.parse_arguments = lambda: parse_arguments(extra=())
+    assert build.main(argv) == 2
+    assert "--max_draft_len=300 is out of range" in capsys.readouterr().err
+    commands_build.parse_arguments = lambda: parse_arguments(allow_abbrev=False)
+    assert build.known_flags()[1] is False
+    assert build._flag_value(argv, "--max_draft_len") is None  # that parser refuses the prefix itself
+
+
+def test_pinned_flags_cover_the_standin_parser_and_the_qa_command_is_refused(tmp_path, capsys):
+    """The pinned list holds every flag of (the stand-in of) TensorRT-LLM 1.2.1's parser; the QA
+    pass's command is refused with the stand-in's own module loaded (hook.py's case) and without."""
+    import standin
+
+    ckpt = write_ckpt(tmp_path)
+    argv = ["--checkpoint_dir", str(ckpt), "--output_dir", str(tmp_path / "E8"), "--speculative_decoding_mode",
+            "dflash", "--max_batch_size", "1", "--remove_input_padding", "enable", "--max_draft", "300"]
+    with standin.active(tmp_path / "lib"):
+        from tensorrt_llm_dflash.trtllm import build as standin_build
+
+        assert standin_build.main(argv) == 2
+        import tensorrt_llm.commands.build as commands_build
+
+        parser_flags = {s for action in commands_build.parse_arguments()._actions for s in action.option_strings}
+        assert parser_flags <= build.TRTLLM_BUILD_FLAGS, parser_flags - build.TRTLLM_BUILD_FLAGS
+        assert standin_build.known_flags() == (frozenset(parser_flags), True)
+        assert standin_build.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("--max_draft_len=300 is out of range 7..256" in line for line in err), err
+    assert not (tmp_path / "E8").exists()
+
+
+# ------------------------------------------------- the checkpoint's config.json, refused by name
+
+
+@pytest.mark.parametrize(("content", "refused"), [
+    ("{not json", "config.json is not valid JSON (Expecting property name enclosed in double quotes: line 1"),
+    ("[1, 2]", "config.json holds a JSON list, a JSON object is required"),
+    (json.dumps({"architecture": "DFlashForCausalLM", **QWEN3_8B}),
+     "config.json dflash=None: a DFlash checkpoint needs its dflash section"),
+    (json.dumps({"architecture": "DFlashForCausalLM", "dflash": [8], **QWEN3_8B}), "config.json dflash=[8]"),
+    (json.dumps({"architecture": "DFlashForCausalLM", "dflash": {}, **QWEN3_8B}),
+     "config.json dflash.block_size=None: a positive integer is required"),
+    (json.dumps({"architecture": "DFlashForCausalLM", "dflash": {"block_size": "8"}, **QWEN3_8B}),
+     "config.json dflash.block_size='8': a positive integer is required"),
+    (json.dumps({"architecture": "DFlashForCausalLM", "dflash": {"block_size": 8}, "max_draft_len": "9", **QWEN3_8B}),
+     "config.json max_draft_len='9': an integer is required"),
+    (json.dumps({"architecture": "DFlashForCausalLM", "dflash": {"block_size": 8, "dflash2": {}}, **QWEN3_8B}),
+     "config.json dflash.hidden_size=None: a positive integer is required"),
+])
+def test_malformed_config_json_is_one_line_naming_the_field(fake_trtllm, tmp_path, capsys, content, refused):
+    (tmp_path / "config.json").write_text(content)
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and refused in err, err
+    assert str(tmp_path) in err
+    assert fake_trtllm["argv"] is None
+
+
+def test_a_missing_checkpoint_dir_is_named(fake_trtllm, tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    for argv in (["--checkpoint_dir", missing, "--speculative_decoding_mode", "dflash"], ["--checkpoint_dir", missing]):
+        assert build.main(argv) == 2
+        assert capsys.readouterr().err.strip() == f"error: --checkpoint_dir={missing!r} does not exist"
+    assert build.main(["--checkpoint_dir", str(tmp_path), "--speculative_decoding_mode", "dflash"]) == 2
+    assert f"--checkpoint_dir={str(tmp_path)!r} has no config.json" in capsys.readouterr().err
+    assert build.main(["--speculative_decoding_mode", "dflash"]) == 2
+    assert "needs --checkpoint_dir" in capsys.readouterr().err
+    assert fake_trtllm["argv"] is None

@@ -58,6 +58,25 @@ def test_demo_pair_command_is_deterministic_and_refuses_a_used_directory(tmp_pat
     assert exc.value.code == 2 and "is not empty" in capsys.readouterr().err
 
 
+
+@pytest.mark.parametrize(("dflash2", "umask"), [(False, 0o022), (True, 0o027)])
+def test_demo_pair_files_all_get_the_usual_mode(tmp_path, capsys, dflash2, umask):
+    """target/model.safetensors came out 0600 (safetensors' mode, through save_pretrained) while
+    every other file was 0644: every file now gets the mode ``open`` gives under the umask."""
+    import os
+
+    from tensorrt_llm_dflash.trtllm import demo_pair
+
+    saved = os.umask(umask)
+    try:
+        assert demo_pair.main(["--output_dir", str(tmp_path / "demo"), *(["--dflash2"] if dflash2 else [])]) == 0
+    finally:
+        os.umask(saved)
+    modes = {str(p.relative_to(tmp_path)): oct(p.stat().st_mode & 0o777)
+             for p in (tmp_path / "demo").rglob("*") if p.is_file()}
+    assert "demo/target/model.safetensors" in modes and "demo/drafter/model.safetensors" in modes, modes
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+
 def readme_engine_commands(paths: dict[str, str]) -> dict[str, list[str]]:
     """The README engine section's first command block, each command's arguments with the
     placeholders (DEMO, CKPT, ENGINE, "...") replaced: what a user types, run here verbatim."""

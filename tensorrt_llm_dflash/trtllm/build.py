@@ -7,7 +7,8 @@ and ``trtllm-build`` (``tensorrt_llm/commands/build.py::parse_arguments``) only 
 So ``dflash`` is this project's own CLI name. This entry point:
 
 1. rewrites ``--speculative_decoding_mode dflash`` to ``medusa`` and passes every other
-   flag through unchanged;
+   flag through unchanged; flags are read as trtllm-build's argparse reads them (``--flag=v``
+   and unique prefixes such as ``--max_draft 300``), so no spelling skips the checks below;
 2. checks the checkpoint (``architecture == "DFlashForCausalLM"``, ``--max_draft_len``
    between ``block_size - 1`` and the DDTree limit) before TensorRT-LLM is imported;
 3. refuses a DFlash checkpoint built without ``--speculative_decoding_mode dflash`` (or
@@ -45,46 +46,187 @@ EAGLE would bring its own in-graph sampling plugins and a different I/O contract
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from ..errors import DFlashConfigError, DFlashError
 from .constants import ARCHITECTURE, DFLASH_MODE, MAX_DRAFT_LEN_ENV, MAX_ENGINE_DRAFT_LEN, MODE_FLAG, TRTLLM_MODE
 from .dflash2_support import check_section
 from .kernel_support import DEFAULT_TOKENS_PER_BLOCK, TargetAttention, device_sm, spec_decoding_kernel
 
+#: The module ``trtllm-build`` runs (TensorRT-LLM's setup.py: ``tensorrt_llm.commands.build:main``).
+TRTLLM_BUILD_MODULE = "tensorrt_llm.commands.build"
+
+#: Every option string of TensorRT-LLM 1.2.1's ``trtllm-build``: ``parse_arguments`` in
+#: tensorrt_llm/commands/build.py @ 65f1d153 plus ``cli_plugin_args`` (``add_plugin_argument``) in
+#: tensorrt_llm/plugin/plugin.py @ c20322ff. argparse takes any unique prefix of any of them
+#: (``--max_draft 300`` is ``--max_draft_len 300``), so the flags read here must be resolved
+#: against all of them, or an abbreviation would skip every check below. Used when TensorRT-LLM's
+#: own parser is not loaded yet (:func:`known_flags`).
+TRTLLM_BUILD_FLAGS: frozenset[str] = frozenset({
+    "-h", "--help",
+    "--checkpoint_dir", "--model_config", "--build_config", "--model_cls_file", "--model_cls_name", "--output_dir",
+    "--max_batch_size", "--max_input_len", "--max_seq_len", "--max_decoder_seq_len", "--max_beam_width",
+    "--max_num_tokens", "--opt_num_tokens", "--max_encoder_input_len", "--max_prompt_embedding_table_size",
+    "--max_multimodal_len", "--kv_cache_type", "--paged_kv_cache", "--input_timing_cache", "--output_timing_cache",
+    "--profiling_verbosity", "--strip_plan", "--weight_sparsity", "--weight_streaming", "--fast_build", "--workers",
+    "--log_level", "--enable_debug_output", "--visualize_network", "--dry_run", "--monitor_memory",
+    "--logits_dtype", "--gather_context_logits", "--gather_generation_logits", "--gather_all_token_logits",
+    "--lora_dir", "--lora_ckpt_source", "--lora_target_modules", "--max_lora_rank",
+    "--speculative_decoding_mode", "--max_draft_len",
+    # add_plugin_argument: the PluginConfig fields in cli_plugin_args
+    "--bert_attention_plugin", "--gpt_attention_plugin", "--gemm_plugin", "--gemm_swiglu_plugin",
+    "--fp8_rowwise_gemm_plugin", "--lora_plugin", "--dora_plugin", "--moe_plugin", "--mamba_conv1d_plugin",
+    "--nccl_plugin", "--low_latency_gemm_plugin", "--low_latency_gemm_swiglu_plugin", "--gemm_allreduce_plugin",
+    "--context_fmha", "--bert_context_fmha_fp32_acc", "--remove_input_padding", "--tokens_per_block",
+    "--use_paged_context_fmha", "--use_fp8_context_fmha", "--fuse_fp4_quant", "--multiple_profiles", "--paged_state",
+    "--streamingllm", "--norm_quant_fusion", "--reduce_fusion", "--user_buffer", "--use_fused_mlp",
+    "--pp_reduce_scatter",
+})
+
+#: argparse reads a token like this as a value, not an option (``_negative_number_matcher``;
+#: trtllm-build defines no option that looks like a negative number).
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def known_flags() -> tuple[frozenset[str], bool]:
+    """``trtllm-build``'s option strings and whether its parser takes abbreviations.
+
+    From TensorRT-LLM's own parser when its module is already imported (``trtllm-build`` through
+    hook.py imported it to reach ``main``; in 1.2.1 ``parse_arguments`` only builds and returns
+    the parser), else :data:`TRTLLM_BUILD_FLAGS`: ``dflash-trtllm-build`` checks before
+    TensorRT-LLM is imported, which takes seconds and a GPU context.
+    """
+    parse_arguments = getattr(sys.modules.get(TRTLLM_BUILD_MODULE), "parse_arguments", None)
+    if callable(parse_arguments):
+        parser = parse_arguments()
+        if isinstance(parser, argparse.ArgumentParser):
+            return frozenset(s for action in parser._actions for s in action.option_strings), parser.allow_abbrev
+    return TRTLLM_BUILD_FLAGS, True
+
+
+def _resolve(arg: str, flags: frozenset[str], allow_abbrev: bool) -> tuple[str, str | None] | None:
+    """(the flag ``arg`` names, its ``=`` value or None) as argparse's ``_parse_optional`` reads
+    it: an exact flag, ``--flag=value``, or a unique prefix of one (with or without ``=value``);
+    None for a value or an option trtllm-build does not define (its own argparse refuses that)."""
+    if arg in flags:
+        return arg, None
+    name, eq, value = arg.partition("=")
+    if eq and name in flags:
+        return name, value
+    if allow_abbrev and arg.startswith("--"):
+        matches = sorted(flag for flag in flags if flag.startswith(name))
+        if len(matches) > 1:  # argparse's own error, raised here before anything reads a guessed flag
+            raise DFlashConfigError(f"ambiguous option: {arg} could match {', '.join(matches)}")
+        if matches:
+            return matches[0], value if eq else None
+    return None
+
+
+class _Option(NamedTuple):
+    index: int  # of the flag in argv
+    flag: str  # as trtllm-build defines it
+    value: str | None  # None: no value follows (argparse refuses it)
+    inline: bool  # ``--flag=value``, else the value is argv[index + 1]
+
+
+def _options(argv: list[str]) -> list[_Option]:
+    """The options in ``argv`` as trtllm-build's argparse reads them, flags resolved."""
+    flags, allow_abbrev = known_flags()
+
+    def is_option(arg: str) -> bool:  # argparse never takes such a token as a value
+        if _resolve(arg, flags, allow_abbrev) is not None:
+            return True
+        return arg.startswith("-") and len(arg) > 1 and not _NEGATIVE_NUMBER.match(arg) and " " not in arg
+
+    found = []
+    for i, arg in enumerate(argv):
+        if arg == "--":  # everything after it is positional (and refused: trtllm-build takes none)
+            break
+        resolved = _resolve(arg, flags, allow_abbrev)
+        if resolved is None:
+            continue
+        flag, value = resolved
+        if value is not None:
+            found.append(_Option(i, flag, value, True))
+        elif i + 1 < len(argv) and argv[i + 1] != "--" and not is_option(argv[i + 1]):
+            found.append(_Option(i, flag, argv[i + 1], False))
+        else:
+            found.append(_Option(i, flag, None, False))
+    return found
+
 
 def _flag_value(argv: list[str], flag: str) -> str | None:
-    """The last value of ``flag`` in ``argv`` (``--flag v`` or ``--flag=v``), as argparse keeps it."""
+    """The last value of ``flag`` in ``argv``, as argparse keeps it (``--flag v``, ``--flag=v``,
+    or a unique prefix of ``flag`` in either form)."""
     value = None
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
+    for option in _options(argv):
+        if option.flag == flag and option.value is not None:
+            value = option.value
     return value
 
 
 def translate_argv(argv: list[str]) -> tuple[list[str], bool]:
-    """Replace the mode ``dflash`` by ``medusa``; everything else is kept as given."""
-    out: list[str] = []
+    """Replace the mode ``dflash`` by ``medusa`` (under the flag's full name, however it was
+    abbreviated); everything else is kept as given."""
+    out = list(argv)
     is_dflash = False
-    skip = False
-    for i, arg in enumerate(argv):
-        if skip:
-            skip = False
+    for option in _options(argv):
+        if option.flag != MODE_FLAG or option.value != DFLASH_MODE:
             continue
-        if arg == MODE_FLAG and i + 1 < len(argv) and argv[i + 1] == DFLASH_MODE:
-            out += [MODE_FLAG, TRTLLM_MODE]
-            is_dflash, skip = True, True
-        elif arg == f"{MODE_FLAG}={DFLASH_MODE}":
-            out.append(f"{MODE_FLAG}={TRTLLM_MODE}")
-            is_dflash = True
+        is_dflash = True
+        if option.inline:
+            out[option.index] = f"{MODE_FLAG}={TRTLLM_MODE}"
         else:
-            out.append(arg)
+            out[option.index:option.index + 2] = [MODE_FLAG, TRTLLM_MODE]
     return out, is_dflash
+
+
+def _positive_int(section: dict, key: str, where: str) -> int:
+    value = section.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DFlashConfigError(f"{where}{key}={value!r}: a positive integer is required (convert the checkpoint "
+                                "with examples/convert_checkpoint.py)")
+    return value
+
+
+def read_config(ckpt: str | None, is_dflash: bool) -> dict | None:
+    """``--checkpoint_dir``'s config.json, or None where a plain build needs none from here.
+
+    A missing directory, an unreadable or malformed config.json can never build (TensorRT-LLM
+    reads both), so they are refused by name instead of failing later with a traceback.
+    """
+    if ckpt is None:
+        if is_dflash:
+            raise DFlashConfigError(f"{MODE_FLAG} {DFLASH_MODE} needs --checkpoint_dir (a checkpoint converted by "
+                                    "examples/convert_checkpoint.py); none was given")
+        return None
+    directory = Path(ckpt)
+    if not directory.exists():
+        raise DFlashConfigError(f"--checkpoint_dir={ckpt!r} does not exist")
+    if not directory.is_dir():
+        raise DFlashConfigError(f"--checkpoint_dir={ckpt!r} is not a directory")
+    path = directory / "config.json"
+    if not path.exists():
+        if is_dflash:
+            raise DFlashConfigError(f"--checkpoint_dir={ckpt!r} has no config.json: {MODE_FLAG} {DFLASH_MODE} needs "
+                                    f"a checkpoint converted by examples/convert_checkpoint.py")
+        return None  # a plain build may take its config from --model_config
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DFlashConfigError(f"--checkpoint_dir={ckpt!r}: {path} is not valid JSON ({err})") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise DFlashConfigError(f"--checkpoint_dir={ckpt!r}: {path} cannot be read ({err})") from None
+    if not isinstance(config, dict):
+        raise DFlashConfigError(f"--checkpoint_dir={ckpt!r}: {path} holds a JSON {type(config).__name__}, "
+                                "a JSON object is required")
+    return config
 
 
 def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None]:
@@ -98,9 +240,7 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
         max_draft_len = int(raw_len) if raw_len is not None else None
     except ValueError:
         raise DFlashConfigError(f"--max_draft_len={raw_len!r} is not an integer") from None
-    config = None
-    if ckpt is not None and (Path(ckpt) / "config.json").is_file():
-        config = json.loads((Path(ckpt) / "config.json").read_text())
+    config = read_config(ckpt, is_dflash)
     if config is None or config.get("architecture") != ARCHITECTURE:
         if is_dflash:
             found = None if config is None else config.get("architecture")
@@ -115,18 +255,29 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
             f"--checkpoint_dir={ckpt!r} is a DFlash checkpoint: build it with {MODE_FLAG} {DFLASH_MODE} "
             f"(got {MODE_FLAG}={mode!r})"
         )
-    block_size = int(config["dflash"]["block_size"])
-    effective = max_draft_len if max_draft_len is not None else int(config.get("max_draft_len", block_size - 1))
+    where = f"{ckpt}/config.json"
+    section = config.get("dflash")
+    if not isinstance(section, dict):
+        raise DFlashConfigError(f"{where} dflash={section!r}: a DFlash checkpoint needs its dflash section (the "
+                                "drafter's block_size, hidden_size, ...); convert it with examples/convert_checkpoint.py")
+    block_size = _positive_int(section, "block_size", f"{where} dflash.")
+    if max_draft_len is not None:
+        effective = max_draft_len
+    else:
+        effective = config.get("max_draft_len", block_size - 1)
+        if isinstance(effective, bool) or not isinstance(effective, int):
+            raise DFlashConfigError(f"{where} max_draft_len={effective!r}: an integer is required (or pass "
+                                    "--max_draft_len)")
     if not block_size - 1 <= effective <= MAX_ENGINE_DRAFT_LEN:
-        where = "--max_draft_len" if max_draft_len is not None else f"{ckpt}/config.json max_draft_len"
+        name = "--max_draft_len" if max_draft_len is not None else f"{where} max_draft_len"
         raise DFlashConfigError(
-            f"{where}={effective} is out of range {block_size - 1}..{MAX_ENGINE_DRAFT_LEN}: the DFlash chain needs "
+            f"{name}={effective} is out of range {block_size - 1}..{MAX_ENGINE_DRAFT_LEN}: the DFlash chain needs "
             f"block_size - 1 = {block_size - 1} draft tokens, and TensorRT-LLM builds tree speculative decoding with "
             f"at most {MAX_ENGINE_DRAFT_LEN} (tensorrt_llm/builder.py); pass the largest --ddtree_budget you will run"
         )
-    if config["dflash"].get("dflash2") is not None:  # a DFlash2 drafter: what the engine builds of it
-        check_section(config["dflash"]["dflash2"], hidden_size=int(config["dflash"]["hidden_size"]),
-                      vocab_size=int(config["vocab_size"]), where=f"{ckpt}/config.json dflash.dflash2")
+    if section.get("dflash2") is not None:  # a DFlash2 drafter: what the engine builds of it
+        check_section(section["dflash2"], hidden_size=_positive_int(section, "hidden_size", f"{where} dflash."),
+                      vocab_size=_positive_int(config, "vocab_size", f"{where} "), where=f"{where} dflash.dflash2")
     check_kernels(argv, config, Path(ckpt) / "config.json")
     return True, max_draft_len
 
@@ -179,8 +330,8 @@ def register_model() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    translated, is_dflash = translate_argv(argv)
     try:
+        translated, is_dflash = translate_argv(argv)
         dflash_checkpoint, max_draft_len = check_checkpoint(translated, is_dflash)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -33,6 +33,8 @@ import string
 import sys
 from pathlib import Path
 
+from ..files import _usual_mode
+
 #: The target's attention: Qwen3-8B's head size, a head group that divides 64 (JIT XQA kernels).
 TARGET = {
     "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
@@ -111,6 +113,15 @@ def _make_dflash2_drafter(path: Path, mask_token_id: int, seed: int) -> None:
     save_dflash2_drafter(drafter, path, dtype=torch.bfloat16)
 
 
+def _usual_modes(directory: Path) -> None:
+    """Give every file under ``directory`` the mode ``open`` gives (files.py's rule): transformers'
+    ``save_pretrained`` writes model.safetensors through safetensors, which creates its files 0600,
+    so the target's weights were unreadable to the group and others while every other file was not."""
+    for path in sorted(directory.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            _usual_mode(path)
+
+
 def make_demo_pair(output_dir: str | Path, seed: int = 0, dflash2: bool = False) -> tuple[Path, Path]:
     """Write ``output_dir/target`` (HF Qwen3, bf16, with its tokenizer) and ``output_dir/drafter``
     (DFlash, or DFlash2 with ``dflash2``, bf16); returns both paths."""
@@ -132,8 +143,10 @@ def make_demo_pair(output_dir: str | Path, seed: int = 0, dflash2: bool = False)
     target.to(torch.bfloat16).save_pretrained(out / "target", safe_serialization=True)
     tokenizer.save_pretrained(out / "target")
 
+    _usual_modes(out / "target")
     if dflash2:
         _make_dflash2_drafter(out / "drafter", tokenizer.mask_token_id, seed + 1)
+        _usual_modes(out / "drafter")
         return out / "target", out / "drafter"
     drafter = DFlashDraftModel(DFlashDraftConfig(
         hidden_size=TARGET["hidden_size"], vocab_size=VOCAB, mask_token_id=tokenizer.mask_token_id,
@@ -142,6 +155,7 @@ def make_demo_pair(output_dir: str | Path, seed: int = 0, dflash2: bool = False)
     drafter = drafter.double()
     _randomize(drafter, seed + 1, std=1.5)
     save_dflash_drafter(drafter, out / "drafter", dtype=torch.bfloat16)
+    _usual_modes(out / "drafter")
     return out / "target", out / "drafter"
 
 

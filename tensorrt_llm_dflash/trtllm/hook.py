@@ -30,19 +30,26 @@ TARGET = "tensorrt_llm.commands.build"
 
 
 def wants_dflash(argv: list[str]) -> bool:
-    """A DFlash build: the dflash mode, or a DFlash checkpoint (so a missing mode is refused by name)."""
-    if f"{MODE_FLAG}={DFLASH_MODE}" in argv or any(
-            a == MODE_FLAG and i + 1 < len(argv) and argv[i + 1] == DFLASH_MODE for i, a in enumerate(argv)):
+    """A DFlash build: the dflash mode, or a DFlash checkpoint (so a missing mode is refused by name). Flags are read
+    as trtllm-build's argparse reads them (``build._options``: ``--flag=value`` and unique prefixes too), so an
+    abbreviated ``--speculative_decoding dflash`` is not handed to TensorRT-LLM, which would refuse the mode without
+    saying why; an ambiguous prefix goes to our entry point too, which names it in one line."""
+    from ..errors import DFlashConfigError
+    from .build import _options
+
+    try:
+        options = _options(argv)
+    except DFlashConfigError:
         return True
-    for i, arg in enumerate(argv):
-        ckpt = argv[i + 1] if arg == "--checkpoint_dir" and i + 1 < len(argv) else \
-            arg.split("=", 1)[1] if arg.startswith("--checkpoint_dir=") else None
-        if ckpt is not None:
-            try:
-                return json.loads((Path(ckpt) / "config.json").read_text()).get("architecture") == ARCHITECTURE
-            except (OSError, ValueError, AttributeError):
-                return False
-    return False
+    if any(option.flag == MODE_FLAG and option.value == DFLASH_MODE for option in options):
+        return True
+    checkpoints = [option.value for option in options if option.flag == "--checkpoint_dir" and option.value]
+    if not checkpoints:
+        return False
+    try:  # argparse keeps the last value
+        return json.loads((Path(checkpoints[-1]) / "config.json").read_text()).get("architecture") == ARCHITECTURE
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def wrap_main(original: Any) -> Any:
