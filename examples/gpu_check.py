@@ -833,7 +833,8 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
     values, the walk, prompt-lookup branches and their grafting, the select, the visibility mask and the learning step
     equal to the tensor ops'; both builds timed at the
     cost-aware pool's shape (63 nodes, 15 depths: in a CUDA graph on CUDA), and the default decoder with it decoding
-    the same tokens, acceptance lengths and tree sizes as with the tensor ops, its tree-build stage timed both ways.
+    the same tokens, acceptance lengths and tree sizes as with the tensor ops, its tree-build and commit stages timed
+    both ways.
     On CUDA it needs the library ``plugins/cmake`` built; on a CPU the CPU library (skipped where neither is, and with
     ``--plugins off``)."""
     where: str | None = None
@@ -967,7 +968,9 @@ def check_fused_tree(report: Report, device: torch.device, args: argparse.Namesp
                 decoder.prepare()
                 costs = costs or decoder.step_costs("greedy", 1)
                 results[mode] = [decoder.generate(prompt, args.max_new_tokens) for _ in range(2)]
-                c.figures[f"tree_build_ms_{mode}"] = decoder.time_stages(max(buckets), max(args.repeats, 3))["tree_build"]
+                stages = decoder.time_stages(max(buckets), max(args.repeats, 3))
+                c.figures[f"tree_build_ms_{mode}"] = stages["tree_build"]
+                c.figures[f"commit_ms_{mode}"] = stages["commit"]  # the learning step's kernel is here
                 c.figures[f"tok_per_s_{mode}"] = tok_per_s(results[mode][1])
         for i in range(2):
             compare(results["on"][i], results["off"][i], f"tensor_ops_{i}", True, c.figures, sizes=True)

@@ -88,6 +88,7 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
     decoder = checks["fused-tree/decoder"]["figures"]
     assert decoder["equal_tensor_ops_0"] is True and decoder["equal_tensor_ops_1"] is True
     assert decoder["tree_build_ms_on"] > 0 and decoder["tree_build_ms_off"] > 0
+    assert decoder["commit_ms_on"] > 0 and decoder["commit_ms_off"] > 0
     out = capsys.readouterr().out
     assert "ok   smollm2-135m-tiny/float32/ar/graphed tok_per_s: " in out  # one summary line per figure
     assert out.rstrip().splitlines()[-1].startswith("gpu_check: ") and " 0 failed" in out
