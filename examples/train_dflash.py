@@ -54,8 +54,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
-from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
-from tensorrt_llm_dflash.dflash2 import DFlash2Settings  # noqa: E402
+from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE, DFlashDraftConfig, read_json  # noqa: E402
+from tensorrt_llm_dflash.dflash2 import DFlash2Config, DFlash2Settings, is_dflash2_dir  # noqa: E402
 from tensorrt_llm_dflash.drafter import DFlashDraftModel  # noqa: E402
 from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json, unpacked  # noqa: E402
@@ -119,11 +119,72 @@ def pick_mask_token(tokenizer, model) -> int:
     raise DFlashConfigError("cannot pick a MASK token for this target: pass --mask_token_id")
 
 
+def drafter_dir(text: str) -> str:
+    """--init_drafter: an exported drafter directory whose config.json reads as a DFlash or DFlash2
+    config. Its weights are read only after the data stage, so a wrong path is refused here, where it
+    costs nothing; the weights themselves (and the fit to the target) are checked when they load."""
+    cli.existing_dir(text)
+    if not (Path(text) / "config.json").is_file():
+        raise argparse.ArgumentTypeError(f"{text!r} has no config.json: not an exported drafter directory")
+    try:
+        if is_dflash2_dir(text):
+            DFlash2Config.from_pretrained(text)
+        else:
+            DFlashDraftConfig.from_pretrained(text)
+    except DFlashError as err:
+        raise argparse.ArgumentTypeError(" ".join(str(err).split())) from None
+    return text
+
+
+def extra_work_dir(text: str) -> str:
+    """--extra_data: a train_dflash work dir as its loaders need it, a fingerprint.json holding a JSON
+    object with the target and data sections (compared with this run's once the target has loaded)
+    and data/ with shards. A damaged fingerprint used to surface as a traceback after the model load."""
+    cli.existing_dir(text)
+    work = Path(text)
+    fingerprint = work / "fingerprint.json"
+    if not fingerprint.is_file() or not (work / "data").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a train_dflash work dir (no fingerprint.json and data/)")
+    try:
+        recorded = read_json(fingerprint, str(fingerprint))
+    except DFlashError as err:
+        raise argparse.ArgumentTypeError(" ".join(str(err).split())) from None
+    if not isinstance(recorded, dict):
+        raise argparse.ArgumentTypeError(f"{str(fingerprint)!r} is damaged (not a JSON object)")
+    for section in ("target", "data"):
+        if not isinstance(recorded.get(section), dict):
+            raise argparse.ArgumentTypeError(f"{str(fingerprint)!r} has no {section} section: not the work dir of a "
+                                             "train_dflash data stage")
+    if not isinstance(recorded["data"].get("layer_ids"), list):
+        raise argparse.ArgumentTypeError(f"{str(fingerprint)!r} records no data.layer_ids (the target layers of its "
+                                         "hidden states)")
+    if not any((work / "data").glob("shard_*.pt")):
+        raise argparse.ArgumentTypeError(f"{text!r} has no data shards (data/shard_*.pt): its data stage never "
+                                         "finished a shard")
+    return text
+
+
+def refuse_output_over(ap: argparse.ArgumentParser, output_dir: str, others: list[tuple[str, str | None]]) -> None:
+    """Refuse an --output_dir that is, or holds, a directory or file the run reads or writes.
+    Publishing replaces --output_dir as a whole (files.publish_dir), so anything under it is swapped
+    out from under the run at the very end; the reverse, --output_dir inside --work_dir, is harmless."""
+    out = Path(output_dir).resolve()
+    for flag, value in others:
+        if value is None:
+            continue
+        path = Path(value).resolve()
+        if path == out or out in path.parents:
+            cli.refuse(ap, "--output_dir", f"{output_dir!r} {'is' if path == out else 'holds'} {flag} {value!r}; the "
+                       "export replaces --output_dir as a whole, so give it a directory of its own")
+
+
 def build_parser() -> cli.ArgumentParser:
     ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
                     help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    ap.add_argument("--output_dir", type=cli.output_dir, required=True, help="where the exported drafter goes")
+    ap.add_argument("--output_dir", type=cli.result_dir, required=True,
+                    help="where the exported drafter goes; published by replacing the directory as a whole, so "
+                         "not the current directory, nor one holding --work_dir or an input")
     ap.add_argument("--work_dir", type=cli.output_dir, default="runs/train_dflash",
                     help="data shards and training checkpoint; made for one target (fingerprint.json)")
     ap.add_argument("--dataset", type=cli.existing_file, default=None,
@@ -145,11 +206,11 @@ def build_parser() -> cli.ArgumentParser:
                     help="built-in set: share of chat conversations (explanations, advice, stories, summaries, "
                          "follow-up turns; training/chat_prompts.py) mixed with the code prompts; 0: code and "
                          "instructions only, the set of drafters before chat was added")
-    ap.add_argument("--extra_data", type=cli.existing_dir, nargs="+", default=None, metavar="WORK_DIR",
+    ap.add_argument("--extra_data", type=extra_work_dir, nargs="+", default=None, metavar="WORK_DIR",
                     help="also train on the data shards of these earlier work dirs (made for the same target and "
                          "target layers; their fingerprints are checked), e.g. the built-in set's work dir beside a "
                          "--dataset; the data stage still runs for this --work_dir only")
-    ap.add_argument("--init_drafter", type=cli.existing_path, default=None,
+    ap.add_argument("--init_drafter", type=drafter_dir, default=None,
                     help="start the draft layers from this exported drafter (same shape, target layers, block "
                          "size and MASK token) instead of the target's last layers; its draft vocabulary is kept "
                          "in the new one")
@@ -211,10 +272,11 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--device", type=cli.device, default=None,
                     help="cpu or cuda[:N] (default: cuda if available; under torchrun, cuda:LOCAL_RANK)")
     ap.add_argument("--seed", type=cli.seed, default=0, help="drafter initialisation, batch and anchor sampling")
-    ap.add_argument("--log_file", default=None,
-                    help="JSONL of the logged training records (default: WORK_DIR/train_log.jsonl; "
-                         "train_log_dflash2.jsonl for --arch dflash2)")
-    ap.add_argument("--tensorboard", default=None, help="also write TensorBoard scalars to this directory")
+    ap.add_argument("--log_file", type=cli.output_file, default=None,
+                    help="JSONL of the logged training records, in an existing directory (default: "
+                         "WORK_DIR/train_log.jsonl; train_log_dflash2.jsonl for --arch dflash2)")
+    ap.add_argument("--tensorboard", type=cli.output_dir, default=None,
+                    help="also write TensorBoard scalars to this directory")
     ap.add_argument("--no_resume", action="store_true", help="train from step 0 (the data shards are still reused)")
     ap.add_argument("--threads", type=cli.threads, default=None)
     return ap
@@ -223,8 +285,9 @@ def build_parser() -> cli.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if Path(args.output_dir).resolve() == Path(args.work_dir).resolve():
-        cli.refuse(ap, "--output_dir", f"{args.output_dir!r} is also --work_dir; the export replaces its directory")
+    refuse_output_over(ap, args.output_dir, [
+        ("--work_dir", args.work_dir), ("--target_model_dir", args.target_model_dir), ("--dataset", args.dataset),
+        ("--init_drafter", args.init_drafter), *(("--extra_data", extra) for extra in args.extra_data or [])])
     if args.dataset is None:
         for flag, given in (("--answers", args.answers != "regenerate"), ("--max_seq_len", args.max_seq_len is not None),
                             ("--strict", args.strict)):
@@ -238,8 +301,6 @@ def main(argv: list[str] | None = None) -> int:
     for extra in args.extra_data or []:
         if Path(extra).resolve() == Path(args.work_dir).resolve():
             cli.refuse(ap, "--extra_data", f"{extra!r} is --work_dir itself")
-        if not (Path(extra) / "fingerprint.json").is_file() or not (Path(extra) / "data").is_dir():
-            cli.refuse(ap, "--extra_data", f"{extra!r} is not a train_dflash work dir (no fingerprint.json and data/)")
     if args.tensorboard:
         cli.require_module(ap, "--tensorboard", "tensorboard", "pip install tensorboard")
     if args.arch == "dflash":

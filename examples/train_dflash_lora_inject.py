@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
-from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError, DFlashInputError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json, atomic_write_text, publish_dir  # noqa: E402
 from tensorrt_llm_dflash.lora_inject import DEFAULT_LORA_TARGETS, DFlashLoRAInjectDraftModel, LoRAInjectConfig  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
@@ -49,8 +49,64 @@ def ensure_data(args: argparse.Namespace, model, tokenizer) -> None:
     prompts = build_prompt_set(None)
     check_no_overlap(prompts)
     # The shards also carry a few layers' hidden states for DFlash; this drafter ignores them.
+    # 0 is no limit, as in examples/train_dflash.py (it was a zero budget here: no shard, then a refusal).
     build_distillation_data(args.data_dir, model, tokenizer, prompts, [model.config.num_hidden_layers // 2],
-                            max_new_tokens=128, time_budget_s=args.data_minutes * 60)
+                            max_new_tokens=128, time_budget_s=args.data_minutes * 60 if args.data_minutes else None)
+
+
+#: The projections of a decoder layer of the model types whose layer names are known without loading the
+#: target (Llama and Qwen3 as tested, and their relatives with the same names): --lora_targets is checked
+#: against them at parse time. Other model types are checked against the loaded layers (check_lora_targets).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+KNOWN_PROJECTIONS = {model_type: PROJECTIONS for model_type in ("llama", "mistral", "qwen2", "qwen3")}
+#: The embedded default target, SmolLM2-135M-Instruct.
+EMBEDDED_MODEL_TYPE = "llama"
+
+
+def lora_target(text: str) -> str:
+    """One --lora_targets name: a module name or a dotted suffix of one (``q_proj``, ``self_attn.q_proj``), as
+    peft matches a list of target modules."""
+    if not all(part.isidentifier() for part in text.split(".")):
+        raise argparse.ArgumentTypeError(f"must be a module name such as q_proj or self_attn.q_proj, got {text!r}")
+    return text
+
+
+def target_model_type(target_model_dir: str | None) -> str | None:
+    """The target's model_type where its config.json says it without loading anything; None where it cannot
+    be known before the load (a GGUF file, an unreadable config: the load reports what is wrong)."""
+    if target_model_dir is None:
+        return EMBEDDED_MODEL_TYPE
+    config = Path(target_model_dir) / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
+
+
+def check_lora_target_names(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--lora_targets against the projections of the target's model type, at parse time (a wrong name used to
+    be peft's traceback once the target had loaded)."""
+    known = KNOWN_PROJECTIONS.get(target_model_type(args.target_model_dir) or "")
+    if known is None:
+        return  # checked against the loaded layers instead, still before any data or training
+    for name in args.lora_targets:
+        if name.rsplit(".", 1)[-1] not in known:
+            cli.refuse(ap, "--lora_targets", f"{name!r} is not a projection of the target's layers (one of "
+                       f"{', '.join(known)})")
+
+
+def check_lora_targets(model, names: list[str]) -> None:
+    """Every --lora_targets name matches a linear layer of the loaded target's decoder layers, as peft matches
+    it (the whole name or a dotted suffix): peft refuses a list none of whose names matches with a traceback,
+    and silently drops a name that matches nothing beside one that does."""
+    linear = [f"model.layers.{i}.{name}" for i, layer in enumerate(model.get_decoder().layers)
+              for name, module in layer.named_modules() if isinstance(module, torch.nn.Linear)]
+    for name in names:
+        if not any(full == name or full.endswith("." + name) for full in linear):
+            leaves = sorted({full.rsplit(".", 1)[-1] for full in linear})
+            raise DFlashInputError(f"argument --lora_targets: {name!r} names no linear layer of the target's "
+                                   f"decoder layers (their projections: {', '.join(leaves)})")
 
 
 def model_card(card: dict) -> str:
@@ -78,16 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target_model_dir", type=cli.existing_path, default=None, help="HF dir or .gguf (default: embedded SmolLM2-135M-Instruct)")
     ap.add_argument("--data_dir", type=cli.output_dir, required=True, help="DFlash self-distillation shards (read only; built if empty)")
     ap.add_argument("--work_dir", type=cli.output_dir, required=True, help="training checkpoint (resumable)")
-    ap.add_argument("--output_dir", type=cli.output_dir, required=True, help="where the exported adapter goes")
-    ap.add_argument("--data_minutes", type=cli.number(0.0), default=42.0, help="data stage budget if --data_dir has no shards")
+    ap.add_argument("--output_dir", type=cli.result_dir, required=True,
+                    help="where the exported adapter goes; published by replacing the directory as a whole, so "
+                         "not the current directory, nor one holding --data_dir, --work_dir or the target")
+    ap.add_argument("--data_minutes", type=cli.number(0.0), default=42.0,
+                    help="data stage budget if --data_dir has no shards (0: no limit)")
     ap.add_argument("--train_minutes", type=cli.number(0.0), default=25.0, help="training time budget (0: use --max_steps)")
     ap.add_argument("--max_steps", type=cli.integer(1), default=100_000)
     ap.add_argument("--block_size", type=cli.integer(2, MAX_BLOCK_SIZE), default=8)
     ap.add_argument("--mask_token_id", type=cli.integer(0), default=None, help="default: as examples/train_dflash.py picks it")
     ap.add_argument("--lora_rank", type=cli.integer(1, 4096), default=16)
     ap.add_argument("--lora_alpha", type=cli.number(0.0, low_open=True), default=32.0)
-    ap.add_argument("--lora_targets", nargs="+", default=list(DEFAULT_LORA_TARGETS),
-                    help="projections with adapters; k_proj/v_proj forbid reading the target's KV cache")
+    ap.add_argument("--lora_targets", type=lora_target, nargs="+", default=list(DEFAULT_LORA_TARGETS),
+                    help=f"projections with adapters ({', '.join(PROJECTIONS)} for Llama and Qwen targets); "
+                         "k_proj/v_proj forbid reading the target's KV cache")
     ap.add_argument("--draft_vocab", choices=["auto", "full"], default="auto",
                     help="auto: draft over tokens seen in the data plus ids < 8192 (cheaper lm_head; training "
                          "always uses the full vocabulary)")
@@ -101,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no_resume", action="store_true")
     ap.add_argument("--threads", type=cli.threads, default=None)
     args = ap.parse_args(argv)
-    outputs = {name: Path(getattr(args, name)).resolve() for name in ("data_dir", "work_dir", "output_dir")}
-    if outputs["output_dir"] in (outputs["data_dir"], outputs["work_dir"]):
-        cli.refuse(ap, "--output_dir", f"{args.output_dir!r} is also --data_dir or --work_dir; the export "
-                   "replaces its directory")
+    from train_dflash import refuse_output_over  # one rule for both trainers' exports
+
+    refuse_output_over(ap, args.output_dir, [("--data_dir", args.data_dir), ("--work_dir", args.work_dir),
+                                             ("--target_model_dir", args.target_model_dir)])
+    check_lora_target_names(ap, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
@@ -128,6 +189,7 @@ def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
 
     t_start = time.time()
     model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32)
+    check_lora_targets(model, args.lora_targets)  # before the work dirs are claimed and any data is made
     if args.mask_token_id is None:
         from train_dflash import pick_mask_token
 

@@ -33,6 +33,20 @@ def dirs(tmp_path_factory):
         (root / name).mkdir()
     (root / "a_file.txt").write_text("x")
     (root / "utf16.jsonl").write_bytes('{"prompt": "hi"}\n'.encode("utf-16"))
+    (root / "bad_drafter").mkdir()
+    (root / "bad_drafter" / "config.json").write_text("{not json")
+    # train_dflash work dirs for --extra_data (the shard files are never opened at parse time).
+    fingerprints = {"good_work": '{"target": {"a": 1}, "data": {"layer_ids": [1, 2]}}', "corrupt_work": "{not json",
+                    "list_work": "[1, 2]", "lora_work": '{"target": {"a": 1}, "drafter": {"kind": "lora_inject"}}',
+                    "no_shards_work": '{"target": {"a": 1}, "data": {"layer_ids": [1, 2]}}'}
+    for name, text in fingerprints.items():
+        (root / name / "data").mkdir(parents=True)
+        (root / name / "fingerprint.json").write_text(text)
+        if name != "no_shards_work":
+            (root / name / "data" / "shard_00000.pt").write_bytes(b"")
+    qwen3 = root / "qwen3_target"
+    qwen3.mkdir()
+    (qwen3 / "config.json").write_text('{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}')
     return root
 
 
@@ -102,6 +116,7 @@ def _cases(d: Path) -> list[tuple[str, list[str], str]]:
     add("train_dflash", train, "--precision", ["fp8"])
     add("train_dflash", train, "--save_every", ["0"])
     add("train_dflash", train[2:], "--output_dir", [f])
+    add("train_dflash", train, "--tensorboard", [f])  # a file where the scalars' directory should be
     add("train_dflash", train[:2], "--work_dir", [f])
     add("train_dflash", train, "--target_model_dir", [missing])
     add("train_dflash", train, "--features", ["disk"])
@@ -111,6 +126,20 @@ def _cases(d: Path) -> list[tuple[str, list[str], str]]:
     add("train_dflash", train, "--answers", ["dataset"])  # without --dataset
     add("train_dflash", train, "--max_seq_len", ["8", "x"])
     cases.append(("train_dflash", ["--output_dir", str(d / "same"), "--work_dir", str(d / "same")], "--output_dir"))
+    add("train_dflash", train, "--log_file", [missing + "/log.jsonl", str(d)])
+    add("train_dflash", train, "--init_drafter", [f, missing, str(d / "target"), str(d / "bad_drafter")])
+    add("train_dflash", train, "--extra_data", [f, str(d / "target"), *(str(d / name) for name in (
+        "corrupt_work", "list_work", "lora_work", "no_shards_work"))])
+    # --output_dir equal to, or holding, what the run reads or writes: the export replaces it as a whole.
+    cases.extend(("train_dflash", argv, "--output_dir") for argv in (
+        ["--output_dir", str(d / "tr2"), "--work_dir", str(d / "tr2" / "work")],
+        [*train, "--output_dir", str(d), "--init_drafter", str(d / "drafter")],
+        [*train, "--output_dir", str(d / "drafter"), "--init_drafter", str(d / "drafter")],
+        [*train, "--output_dir", str(d), "--extra_data", str(d / "good_work")],
+        [*train, "--output_dir", str(d / "target"), "--target_model_dir", str(d / "target")],
+        [*train, "--output_dir", str(d), "--dataset", str(d / "utf16.jsonl")],
+        [*train, "--output_dir", "."],
+        [*train, "--output_dir", str(Path.cwd())]))
     # examples/train_dflash_lora_inject.py
     add("train_dflash_lora_inject", lora, "--lora_rank", ["0", "-8"])
     add("train_dflash_lora_inject", lora, "--lora_alpha", ["0", "nan"])
@@ -122,6 +151,15 @@ def _cases(d: Path) -> list[tuple[str, list[str], str]]:
     add("train_dflash_lora_inject", lora, "--seed", ["-1"])
     add("train_dflash_lora_inject", lora, "--train_minutes", ["-2"])
     add("train_dflash_lora_inject", lora[:4], "--output_dir", [f, str(d / "lwork")])
+    cases.extend(("train_dflash_lora_inject", argv, "--output_dir") for argv in (
+        ["--data_dir", str(d / "lo2" / "x" / "data"), "--work_dir", str(d / "lo2" / "w"), "--output_dir", str(d / "lo2")],
+        ["--data_dir", str(d / "lo3" / "data"), "--work_dir", str(d / "lo3" / "w"), "--output_dir", str(d / "lo3")],
+        [*lora[:4], "--output_dir", str(d / "data")],
+        [*lora[:4], "--output_dir", str(d), "--target_model_dir", str(d / "target")],
+        [*lora[:4], "--output_dir", "."]))
+    add("train_dflash_lora_inject", lora, "--lora_targets", ["foo_proj", "", "q_proj.", "self_attn.foo"])
+    cases.append(("train_dflash_lora_inject", [*lora, "--lora_targets", "q_proj", "q_norm", "--target_model_dir",
+                                               str(d / "qwen3_target")], "--lora_targets"))
     # examples/convert_checkpoint.py
     add("convert_checkpoint", conv, "--tp_size", ["0", "-2", "1.5"])
     add("convert_checkpoint", conv, "--pp_size", ["0", "2"])
@@ -129,7 +167,7 @@ def _cases(d: Path) -> list[tuple[str, list[str], str]]:
     add("convert_checkpoint", conv, "--dtype", ["int8"])
     add("convert_checkpoint", conv[2:], "--model_dir", [missing, f])
     add("convert_checkpoint", conv[:2] + conv[4:], "--dflash_model_dir", [missing])
-    add("convert_checkpoint", conv[:4], "--output_dir", [f, str(d / "target")])
+    add("convert_checkpoint", conv[:4], "--output_dir", [f, str(d / "target"), "."])
     return cases
 
 
@@ -194,6 +232,13 @@ def test_valid_arguments_pass_parsing_and_reach_the_model_load(dirs, no_model_lo
     """The trap is real: valid command lines get past parsing and hit it."""
     for script, argv in (("run", ["--max_output_len", "4"]),
                          ("train_dflash", ["--output_dir", str(dirs / "o2"), "--work_dir", str(dirs / "w2")]),
+                         ("train_dflash", ["--work_dir", str(dirs / "w3"), "--output_dir", str(dirs / "w3" / "out"),
+                                           "--init_drafter", str(dirs / "drafter"), "--extra_data",
+                                           str(dirs / "good_work"), "--log_file", str(dirs / "log.jsonl")]),
+                         ("train_dflash_lora_inject", ["--data_dir", str(dirs / "data"), "--work_dir",
+                                                       str(dirs / "lw3"), "--output_dir", str(dirs / "lw3" / "out"),
+                                                       "--lora_targets", "q_proj", "self_attn.o_proj", "down_proj",
+                                                       "--target_model_dir", str(dirs / "qwen3_target")]),
                          ("convert_checkpoint", ["--model_dir", str(dirs / "target"), "--dflash_model_dir",
                                                  str(dirs / "drafter"), "--output_dir", str(dirs / "c2"),
                                                  "--max_draft_len", "99"])):
@@ -214,3 +259,53 @@ def test_a_real_process_exits_2_with_one_line(dirs):
     assert proc.stderr.strip().splitlines() == [
         "run.py: error: argument --temperature: must be a finite number >= 0, got 'inf' (see --help)"]
     assert proc.stdout == ""
+
+
+def test_an_output_dir_holding_the_work_dir_or_the_current_directory_is_refused_by_name(tmp_path, no_model_loads,
+                                                                                       capsys, monkeypatch):
+    """The reported defect: ``--output_dir tr2 --work_dir tr2/work`` trained, then published over its own work dir;
+    ``--output_dir .`` trained for hours, then failed to rename the current directory (EBUSY). Both are refused at
+    parse time, relative paths resolved, with the reason."""
+    monkeypatch.chdir(tmp_path)
+    for argv, says in ((["--output_dir", "tr2", "--work_dir", "tr2/work"], "holds --work_dir 'tr2/work'"),
+                       (["--output_dir", "tr2/work/..", "--work_dir", "tr2/work"], "holds --work_dir"),
+                       (["--output_dir", ".", "--work_dir", "w"], "current directory"),
+                       (["--output_dir", "..", "--work_dir", "w"], "current directory")):
+        code, err = _run("train_dflash", argv, capsys, monkeypatch)
+        assert code == 2 and len(err.strip().splitlines()) == 1, (argv, err)
+        assert "argument --output_dir:" in err and says in err and "replaces" in err, (argv, err)
+    assert list(tmp_path.iterdir()) == []  # nothing made, nothing deleted
+
+
+def test_lora_inject_output_dir_holding_its_data_and_work_dirs_is_refused_by_name(tmp_path, no_model_loads, capsys,
+                                                                                 monkeypatch):
+    """The reported defect: ``--data_dir lo2/x/data --work_dir lo2/w --output_dir lo2`` published over both."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lo2" / "x" / "data").mkdir(parents=True)
+    (tmp_path / "lo2" / "x" / "data" / "shard_00000.pt").write_bytes(b"shard")
+    code, err = _run("train_dflash_lora_inject", ["--data_dir", "lo2/x/data", "--work_dir", "lo2/w", "--output_dir",
+                                                  "lo2"], capsys, monkeypatch)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "argument --output_dir: 'lo2' holds --data_dir 'lo2/x/data'" in err
+    assert (tmp_path / "lo2" / "x" / "data" / "shard_00000.pt").read_bytes() == b"shard"
+    code, err = _run("train_dflash_lora_inject", ["--data_dir", "d", "--work_dir", "w", "--output_dir", "."], capsys,
+                     monkeypatch)
+    assert code == 2 and "argument --output_dir:" in err and "current directory" in err, err
+
+
+def test_train_dflash_input_dirs_are_checked_before_any_model_loads(dirs, no_model_loads, capsys, monkeypatch):
+    """The reported defects: --log_file in a missing directory, --init_drafter a file, --extra_data with a damaged
+    fingerprint.json each ran the data stage (or loaded the model) before failing with a traceback or late error."""
+    train = ["--output_dir", str(dirs / "o4"), "--work_dir", str(dirs / "w4")]
+    for extra, says in ((["--log_file", "/nonexistent/dir/log.jsonl"], "the directory of '/nonexistent/dir/log.jsonl' "
+                                                                       "does not exist"),
+                        (["--init_drafter", str(dirs / "a_file.txt")], "a_file.txt' is not a directory"),
+                        (["--init_drafter", str(dirs / "target")], "has no config.json"),
+                        (["--init_drafter", str(dirs / "bad_drafter")], "is not valid JSON"),
+                        (["--extra_data", str(dirs / "corrupt_work")], "fingerprint.json is not valid JSON"),
+                        (["--extra_data", str(dirs / "lora_work")], "has no data section"),
+                        (["--extra_data", str(dirs / "no_shards_work")], "has no data shards")):
+        code, err = _run("train_dflash", [*train, *extra], capsys, monkeypatch)
+        assert code == 2 and len(err.strip().splitlines()) == 1, (extra, err)
+        assert f"argument {extra[0]}: " in err and says in err, (extra, err)
+    assert not (dirs / "w4").exists()

@@ -436,6 +436,49 @@ def test_training_cli_trains_resumes_and_exports(tmp_path, capsys):
     assert result.output_ids == hf_greedy(loaded_target, ids, 16)
 
 
+
+def test_training_cli_refuses_a_lora_target_the_loaded_layers_lack_before_any_data_or_training(tmp_path, capsys):
+    """The reported defect: a name peft matches to no module was its NoMatchingPeftModuleError traceback once the
+    target had loaded. A name that passes the parse-time check (a known projection under the wrong parent) is
+    refused by name against the loaded layers, before a work dir is claimed or a shard is made."""
+    import train_dflash_lora_inject as cli
+    from test_bench import save_tiny_target_dir
+
+    target_dir = save_tiny_target_dir(tiny_target("qwen3", seed=2, vocab=VOCAB).float(), tmp_path / "target")
+    _write_shards(tmp_path / "data", [prompt(i, 5) + [3] * 12 for i in range(4)], 5)
+    # A short run if the name got through: peft drops a name that matches nothing beside one that does.
+    code = cli.main(["--target_model_dir", str(target_dir), "--data_dir", str(tmp_path / "data"), "--work_dir",
+                     str(tmp_path / "work"), "--output_dir", str(tmp_path / "out"), "--mask_token_id", str(MASK),
+                     "--block_size", "4", "--num_anchors", "2", "--eval_sequences", "1", "--train_minutes", "0",
+                     "--max_steps", "1", "--lora_targets", "q_proj", "mlp.q_proj"])
+    err = capsys.readouterr().err  # the weights' loading progress bars, then one line
+    assert code == 2 and "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "error: argument --lora_targets: 'mlp.q_proj' names no linear layer of the target's decoder layers (their "
+        "projections: down_proj, gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj)"), err
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["shard_00000.pt"] and not (tmp_path / "work").exists()
+    assert not (tmp_path / "out").exists()
+
+
+def test_training_cli_data_minutes_0_is_no_limit_as_in_train_dflash(tmp_path, monkeypatch, capsys):
+    """The reported inconsistency: --data_minutes 0 was a zero data budget here (no shard, then a refusal) and
+    no limit in examples/train_dflash.py; it is no limit in both, and --help says so."""
+    import argparse
+
+    import train_dflash_lora_inject as cli
+
+    from tensorrt_llm_dflash.training import data
+
+    budgets = []
+    monkeypatch.setattr(data, "build_distillation_data", lambda *a, **k: budgets.append(k["time_budget_s"]))
+    model = tiny_target("llama", vocab=VOCAB)
+    for minutes in (0.0, 1.5):
+        cli.ensure_data(argparse.Namespace(data_dir=str(tmp_path / "data"), data_minutes=minutes), model, None)
+    assert budgets == [None, 90.0]
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--data_minutes DATA_MINUTES data stage budget if --data_dir has no shards (0: no limit)" in help_text
+
 def test_reduced_draft_vocabulary_round_trips_and_stays_lossless(tmp_path):
     model = target("qwen3")
     d = drafter(model, 5, std=0.15)
