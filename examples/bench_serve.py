@@ -181,11 +181,14 @@ class ServerProcess:
         self._ready = threading.Event()
         threading.Thread(target=self._read_stdout, daemon=True).start()
         deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.1):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                why = "exited" if self.process.poll() is not None else f"was not ready after {timeout:.0f} s"
-                self.stop()
-                raise DFlashError(f"the server {why}: {' '.join(command)}\n{self.log_tail()}")
+        try:
+            while not self._ready.wait(0.1):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    why = "exited" if self.process.poll() is not None else f"was not ready after {timeout:.0f} s"
+                    raise DFlashError(f"the server {why}: {' '.join(command)}\n{self.log_tail()}")
+        except BaseException:  # a failed start-up, or Ctrl-C during it: no server is left running
+            self.stop()
+            raise
         match = READY.search(self.ready_line or "")
         assert match is not None
         self.url = match.group(1)
@@ -450,13 +453,16 @@ def level_order(methods: list[str], turn: int) -> list[str]:
     return list(methods) if turn % 2 == 0 else list(reversed(methods))
 
 
-def bench_interleaved(servers: dict[str, str], prompts: list[BenchPrompt], args: argparse.Namespace) -> dict[str, Any]:
+def bench_interleaved(servers: dict[str, str], prompts: list[BenchPrompt], args: argparse.Namespace,
+                      results: dict[str, Any] | None = None) -> dict[str, Any]:
     """Every server loaded (``servers``: method -> url): level by level, run by run, each method in turn
-    (:func:`level_order`)."""
+    (:func:`level_order`). ``results`` (filled in place, returned): a level enters it once every method has run it,
+    so an interrupted run keeps its finished levels, each a fair comparison."""
     models = {method: served_model(url) for method, url in servers.items()}
     for method, url in servers.items():
         warm_up(url, models[method], prompts, args)
-    results: dict[str, Any] = {method: {"model": models[method], "levels": {}} for method in servers}
+    results = {} if results is None else results
+    results.update({method: {"model": models[method], "levels": {}} for method in servers})
     turn = 0
     for concurrency in args.concurrency:
         runs: dict[str, list[tuple[float, list[RequestResult]]]] = {method: [] for method in servers}
@@ -567,14 +573,31 @@ def table(results: dict[str, Any], reference: dict[str, Any] | None = None) -> s
     return "\n".join(lines)
 
 
+def interrupted(report: dict[str, Any] | None, output_json: str) -> int:
+    """Ctrl-C: the finished levels (every method ran them) are written, marked interrupted; exit status 130."""
+    from tensorrt_llm_dflash.files import atomic_write_json
+
+    finished = sorted({level for result in (report or {}).get("results", {}).values()
+                       for level in result.get("levels", {})}, key=int)
+    if not finished:
+        print("\ninterrupted: no concurrency level had finished; nothing written", file=sys.stderr)
+        return 130
+    report["interrupted"] = True
+    atomic_write_json(output_json, report)
+    print(f"\ninterrupted: wrote the finished concurrency levels {', '.join(finished)} to {output_json}",
+          file=sys.stderr)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from tensorrt_llm_dflash.bench import git_commit, machine_info
     from tensorrt_llm_dflash.files import atomic_write_json
 
+    report: dict[str, Any] | None = None
     try:
         prompts = load_prompts(args.datasets, args.num_prompts)
-        report: dict[str, Any] = {
+        report = {
             "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
             "settings": {k: v for k, v in vars(args).items()},
             "machine": machine_info(args.threads), "git_commit": git_commit(),
@@ -592,13 +615,15 @@ def main(argv: list[str] | None = None) -> int:
                     report["results"][method] = bench_method(servers[method], prompts, args)
         else:
             with started_servers(args.methods, args, report) as servers:
-                report["results"] = bench_interleaved(servers, prompts, args)
+                bench_interleaved(servers, prompts, args, report["results"])
         problems = compare(report["results"], args, reference)
         report["problems"] = problems
         atomic_write_json(args.output_json, report)
     except DFlashError as err:
         cli.print_error(err)
         return 2
+    except KeyboardInterrupt:
+        return interrupted(report, args.output_json)
     print()
     print(table(report["results"], reference))
     print(f"\nwrote {args.output_json}")

@@ -176,9 +176,18 @@ def stop_ids(eos_token_id: Any) -> list[int]:
 
 
 def _single_prompt(prompt_ids: Any) -> list[int]:
-    """A flat token list; a batch of more than one prompt is refused."""
+    """A flat token list ([N], or one row of [1, N]: a list, numpy array or tensor of integers); a batch of more
+    than one prompt, text, floats (which int() would truncate) and other shapes are refused by name."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise DFlashInputError("prompt_ids: got text; give token ids (encode it with the tokenizer first)")
     if isinstance(prompt_ids, torch.Tensor):
         prompt_ids = prompt_ids.cpu().numpy()
+    if isinstance(prompt_ids, np.ndarray):
+        if prompt_ids.ndim not in (1, 2) or (prompt_ids.size and not np.issubdtype(prompt_ids.dtype, np.integer)):
+            raise DFlashInputError(f"prompt_ids: a {prompt_ids.ndim}-d array of {prompt_ids.dtype}; give token ids "
+                                   f"as integers, shaped [N] or [1, N]")
+    elif not hasattr(prompt_ids, "__len__"):
+        raise DFlashInputError(f"prompt_ids: {type(prompt_ids).__name__}; give a list (or array) of token ids")
     rows = np.asarray(prompt_ids, dtype=object) if not isinstance(prompt_ids, np.ndarray) else prompt_ids
     if rows.ndim == 2 or (len(prompt_ids) and isinstance(prompt_ids[0], (list, tuple))):
         if len(prompt_ids) != 1:
@@ -186,7 +195,12 @@ def _single_prompt(prompt_ids: Any) -> list[int]:
                 f"batch size {len(prompt_ids)} is not supported: the runtime decodes one prompt at a time"
             )
         prompt_ids = prompt_ids[0]
-    return [int(t) for t in prompt_ids]
+    ids = []
+    for token in prompt_ids:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            raise DFlashInputError(f"prompt_ids: {token!r} is not a token id (an integer)")
+        ids.append(int(token))
+    return ids
 
 
 def speculative_generate(
@@ -235,8 +249,8 @@ def speculative_generate(
     if policy is not None:
         policy.begin(sampling.temperature)
     while not done:
-        # Never draft past the token budget or the model's positions.
-        max_depth = min(max_new_tokens - len(output), target.max_positions - 1 - past)
+        # Never draft past the token budget (the accepted drafts and the bonus after them: one less) or the positions.
+        max_depth = min(max_new_tokens - len(output) - 1, target.max_positions - 1 - past)
         step_start, before = time.perf_counter(), dict(stats.stage_seconds)
         plan = None
         if policy is not None:

@@ -71,7 +71,7 @@ from .device_tree import (
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
 from .policy import PolicyConfig, models_calibration_path
-from .sampling import SamplingParams
+from .sampling import SamplingParams, fresh_seed
 from .static_state import PaddedPrefill, StaticDrafter, StaticTarget, prefill_length
 from .target import check_prompt_fits, max_positions
 from .tree import validate_budget
@@ -1105,7 +1105,8 @@ class GraphedDecoder:
         depths = [-1] * bucket
         for row in stepping:
             state = self.requests[row]
-            depths[row] = min(state.remaining, positions - 1 - state.past, deepest - 1)
+            # Accepted drafts + the bonus after them fit the row's budget: a deeper node's bonus would be cut.
+            depths[row] = min(state.remaining - 1, positions - 1 - state.past, deepest - 1)
         self.max_depth[:bucket].copy_(torch.tensor(depths, dtype=torch.long))
         if kind != "greedy":
             for row in stepping:
@@ -1195,7 +1196,7 @@ class GraphedDecoder:
         self.reserve(len(prompt), max_new_tokens)
         if generator is None and not sampling.greedy:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(sampling.seed if sampling.seed is not None else torch.seed())
+            generator.manual_seed(sampling.seed if sampling.seed is not None else fresh_seed())
         # Every window this request passes through is captured before its prefill, none in the step loop.
         self.prepare(sampling, buckets=(1,), windows=self.windows_from(len(prompt) + self.span,
                                                                       len(prompt) + max_new_tokens + self.span))
@@ -1205,9 +1206,9 @@ class GraphedDecoder:
         output = OutputStream(max_new_tokens, stops, on_tokens)
 
         t0 = time.perf_counter()
-        done = output.emit([self.admit(0, prompt, max_new_tokens, sampling, generator)])
-        stats.stage_seconds["prefill"] = time.perf_counter() - t0
-        try:
+        try:  # the row is released whatever happens, the admission and the first token's callback included
+            done = output.emit([self.admit(0, prompt, max_new_tokens, sampling, generator)])
+            stats.stage_seconds["prefill"] = time.perf_counter() - t0
             while not done:
                 result = self.step([0], stats.stage_seconds)[0]
                 stats.steps += 1
@@ -1217,8 +1218,9 @@ class GraphedDecoder:
                 stats.lookup_tokens += result.lookup_tokens
                 done = output.emit(result.tokens)
         finally:
-            self.last_past = self.requests[0].past
-            self.release(0)
+            if 0 in self.requests:
+                self.last_past = self.requests[0].past
+                self.release(0)
         self.synchronize()
         stats.total_seconds = time.perf_counter() - t0
         stats.new_tokens = len(output)
@@ -1232,7 +1234,9 @@ class GraphedDecoder:
         so rows of different lengths share steps and join mid-run, as on a server."""
         if self.requests:
             raise DFlashInputError(f"generate_many() needs free rows; rows {sorted(self.requests)} are in flight")
-        prompts = [[int(t) for t in p] for p in prompts]
+        if isinstance(prompts, (str, bytes)) or any(not hasattr(p, "__len__") for p in prompts):
+            raise DFlashInputError("prompts: give a list of prompts, each a list of token ids (one prompt: generate)")
+        prompts = [_single_prompt(p) for p in prompts]
         for prompt in prompts:
             self.check_request(prompt, max_new_tokens)
         self.prepare(SamplingParams())
@@ -1241,24 +1245,28 @@ class GraphedDecoder:
         stats = [GenerationStats() for _ in prompts]
         row_of: dict[int, int] = {}
         waiting, steps, t0 = list(range(len(prompts))), 0, time.perf_counter()
-        while waiting or row_of:
-            free = [r for r in range(self.batch) if r not in self.requests]
-            while waiting and free and waiting[0] * admit_every <= steps:
-                i, row = waiting.pop(0), free.pop(0)
-                row_of[row] = i
-                if outputs[i].emit([self.admit(row, prompts[i], max_new_tokens)]):
-                    self.release(row)
-                    del row_of[row]
-            for row, result in self.step(list(row_of), draining=not waiting).items():
-                i = row_of[row]
-                stats[i].steps += 1
-                stats[i].acceptance_lengths.append(len(result.tokens))
-                stats[i].tree_sizes.append(result.tree_size)
-                stats[i].lookup_tokens += result.lookup_tokens
-                if outputs[i].emit(result.tokens):
-                    self.release(row)
-                    del row_of[row]
-            steps += 1
+        try:
+            while waiting or row_of:
+                free = [r for r in range(self.batch) if r not in self.requests]
+                while waiting and free and waiting[0] * admit_every <= steps:
+                    i, row = waiting.pop(0), free.pop(0)
+                    row_of[row] = i
+                    if outputs[i].emit([self.admit(row, prompts[i], max_new_tokens)]):
+                        self.release(row)
+                        del row_of[row]
+                for row, result in self.step(list(row_of), draining=not waiting).items():
+                    i = row_of[row]
+                    stats[i].steps += 1
+                    stats[i].acceptance_lengths.append(len(result.tokens))
+                    stats[i].tree_sizes.append(result.tree_size)
+                    stats[i].lookup_tokens += result.lookup_tokens
+                    if outputs[i].emit(result.tokens):
+                        self.release(row)
+                        del row_of[row]
+                steps += 1
+        finally:  # an exception (Ctrl-C) leaves no row in flight: the decoder stays usable
+            for row in [r for r in row_of if r in self.requests]:
+                self.release(row)
         seconds = time.perf_counter() - t0
         for output, stat in zip(outputs, stats):
             stat.total_seconds, stat.new_tokens = seconds, len(output)

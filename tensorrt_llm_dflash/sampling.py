@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +25,15 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0.0:
-            raise DFlashInputError(f"temperature={self.temperature} must be >= 0")
+        for name, kinds in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", (int,))):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kinds):
+                raise DFlashInputError(f"{name}={value!r} must be {'an integer' if kinds == (int,) else 'a number'}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < 2 ** 63):
+            raise DFlashInputError(f"seed={self.seed!r} must be an integer in 0..2**63 - 1 (or None)")
+        if not 0.0 <= self.temperature < math.inf:
+            raise DFlashInputError(f"temperature={self.temperature} must be >= 0 and finite")
         if self.temperature < MIN_TEMPERATURE:
             self.temperature = 0.0
         if not 0.0 < self.top_p <= 1.0:
@@ -68,5 +77,11 @@ def make_generator(params: SamplingParams, device: torch.device | str) -> torch.
     if params.greedy:
         return None
     gen = torch.Generator(device=device)
-    gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+    gen.manual_seed(params.seed if params.seed is not None else fresh_seed())
     return gen
+
+
+def fresh_seed() -> int:
+    """A seed for a request that gave none, from the OS: ``torch.seed()`` would reseed torch's global generator,
+    and a user's seeded ``torch.rand`` after a call would no longer repeat."""
+    return secrets.randbits(63)

@@ -683,6 +683,8 @@ def compaction_reference(tensor: torch.Tensor, past_len: int, accepted_nodes: li
 def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int) -> None:
     if prompt_len < 1:
         raise DFlashInputError("the prompt is empty: at least one token is needed")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
+        raise DFlashInputError(f"max_new_tokens={max_new_tokens!r} must be an integer")
     if max_new_tokens < 1:
         raise DFlashInputError(f"max_new_tokens={max_new_tokens} must be at least 1")
     if prompt_len + max_new_tokens > limit:

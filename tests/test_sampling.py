@@ -10,6 +10,7 @@ test can fail.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -166,10 +167,12 @@ def sample_counts(target, drafter, params_fn, budget: int, runs: int, seed0: int
     proposer = DFlashProposer.for_target(drafter, target)
     counts = np.zeros([VOCAB] * new_tokens, dtype=np.int64)
     for r in range(runs):
-        out = speculative_generate(verifier, proposer, PROMPT, new_tokens, sampling=params_fn(seed0 + r),
+        # One token more than counted: a step's drafts + bonus stay within the budget, so only then can the first step
+        # accept new_tokens - 1 drafts (deep paths); the first new_tokens' distribution is the same.
+        out = speculative_generate(verifier, proposer, PROMPT, new_tokens + 1, sampling=params_fn(seed0 + r),
                                    ddtree_budget=budget).output_ids
-        assert len(out) == new_tokens
-        counts[tuple(out)] += 1
+        assert len(out) == new_tokens + 1
+        counts[tuple(out[:new_tokens])] += 1
     return counts, verifier
 
 
@@ -349,3 +352,29 @@ def test_a_top_p_that_underflows_keeps_the_most_probable_token(dtype):
         for probs in (eager, rows):
             assert not probs.isnan().any(), top_p
             assert torch.equal(probs.argmax(-1), top) and torch.all(probs.max(-1).values == 1.0), top_p
+
+
+def test_sampling_without_a_seed_leaves_torchs_global_generator_alone():
+    """A request without a seed draws one from the OS: torch.seed() reseeded the global generator, so a user's seeded
+    torch.rand after the call no longer repeated."""
+    from tensorrt_llm_dflash.sampling import SamplingParams, make_generator
+
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    first = make_generator(SamplingParams(temperature=1.0), "cpu").initial_seed()
+    assert torch.equal(torch.rand(3), expected)
+    assert make_generator(SamplingParams(temperature=1.0), "cpu").initial_seed() != first  # fresh each time
+    assert make_generator(SamplingParams(temperature=1.0, seed=5), "cpu").initial_seed() == 5
+
+
+@pytest.mark.parametrize("field, value, says", [("top_k", 2.5, "top_k=2.5 must be an integer"),
+                                                ("seed", 2 ** 64, "seed=18446744073709551616 must be an integer"),
+                                                ("temperature", float("inf"), "temperature=inf must be >= 0 and finite"),
+                                                ("temperature", "0.7", "temperature='0.7' must be a number")])
+def test_sampling_params_refuse_what_the_samplers_cannot_take(field, value, says):
+    from tensorrt_llm_dflash.errors import DFlashInputError
+    from tensorrt_llm_dflash.sampling import SamplingParams
+
+    with pytest.raises(DFlashInputError, match=re.escape(says)):
+        SamplingParams(**{field: value})

@@ -83,6 +83,38 @@ def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model
     assert "run.py's runtime in-process on the same prompts" in printed and "concurrency 1: the server's" in printed
 
 
+def test_ctrl_c_keeps_the_finished_levels_and_exits_130(bench, model_dirs, tmp_path, capsys, monkeypatch):
+    """Ctrl-C during the second level: the first level (both methods ran it) is written, marked interrupted, exit 130,
+    and both servers are stopped (it once died with a traceback and wrote nothing)."""
+    target_dir, drafter_dir = model_dirs
+    out = tmp_path / "serve.json"
+    real_run_once, calls, started = bench.run_once, [], []
+    real_init = bench.ServerProcess.__init__
+
+    def counting_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        started.append(self)
+
+    def run_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the first run of the second level
+            raise KeyboardInterrupt
+        return real_run_once(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_once", run_once)
+    monkeypatch.setattr(bench.ServerProcess, "__init__", counting_init)
+    rc = bench.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
+                     "--methods", "ar", "default", "--concurrency", "1", "2", "--num_prompts", "1",
+                     "--max_tokens", "8", "--threads", "1", "--max_batch_size", "2", "--no_runpy_reference",
+                     "--output_json", str(out)])
+    assert rc == 130
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True
+    assert {method: set(r["levels"]) for method, r in report["results"].items()} == {"ar": {"1"}, "default": {"1"}}
+    assert "wrote the finished concurrency levels 1" in capsys.readouterr().err
+    assert len(started) == 2 and all(server.process.poll() is not None for server in started)
+
+
 def test_one_server_at_a_time_and_repeats(bench, model_dirs, tmp_path, capsys):
     """``--one_server_at_a_time`` (models that do not fit twice): each server runs all its levels, then stops.
     ``--repeats 2``: each level runs twice per method; its figures are over both runs (all tokens over all wall time),

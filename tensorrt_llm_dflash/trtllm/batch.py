@@ -164,7 +164,7 @@ class EngineBatch:
                 drafts.append(None)
                 continue
             request, stats = row.request, row.stats
-            max_depth = min(request.max_new_tokens - len(row.output), target.max_positions - 1 - row.past)
+            max_depth = min(request.max_new_tokens - len(row.output) - 1, target.max_positions - 1 - row.past)
             t0 = time.perf_counter()
             draft = target.take_draft(i, row.root)
             t1 = time.perf_counter()
