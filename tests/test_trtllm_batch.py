@@ -144,9 +144,9 @@ def test_each_row_of_a_batch_equals_the_pytorch_runtime(engines, name, budgets):
             prefills = spy.of("prefill_rows")
             assert prefills[0] == (0, ROWS) and any(first > 0 for first, _ in prefills[1:])  # admitted mid-run
             assert ("move_row", ROWS - 1, 0) in spy.calls  # row 0 (3 tokens) ended first
-        # Draft tokens accepted in some step, or the comparison proves little (the random DFlash2 drafter accepts
-        # one draft token at most on these prompts; the DFlash engines two or more).
-        assert longest >= (2 if name == "dflash2" else 3)
+        # Draft tokens accepted in some step, or the comparison proves little (the random drafters accept one draft
+        # token at most on these prompts once no step verifies past the token budget).
+        assert longest >= 2
 
 
 def test_a_finished_row_that_stays_rides_along_and_commits_nothing(engines):
