@@ -238,6 +238,19 @@ def lookup(history: torch.Tensor, length: torch.Tensor, max_tokens: int, limit: 
     return DeviceBranches(tokens=tokens, lengths=branch_lengths, ngram=ngram)
 
 
+def _grafted_outputs(batch: int, size: int, device: torch.device) -> list[torch.Tensor]:
+    """Empty outputs of a ``Grafted`` of ``size`` columns: tokens, parents, depths, valid, num_nodes, scores, cond,
+    on_branch (the graft's and the select's kernels fill them)."""
+    import torch
+
+    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
+    valid = torch.empty(batch, size, dtype=torch.bool, device=device)
+    scores = torch.empty(batch, size, dtype=torch.float64, device=device)
+    return [tokens, torch.empty_like(tokens), torch.empty_like(tokens), valid,
+            torch.empty(batch, dtype=torch.long, device=device), scores, torch.empty_like(scores),
+            torch.empty_like(valid)]
+
+
 def graft(pool: DeviceTree, pool_cond: torch.Tensor, branches, branch_cond: torch.Tensor, *,
           where: str | None = None):
     """``device_lookup.graft_device``'s ``Grafted`` from one pass per row (same arguments and result; ``pool_cond``
@@ -258,13 +271,7 @@ def graft(pool: DeviceTree, pool_cond: torch.Tensor, branches, branch_cond: torc
     inputs = [t.contiguous() for t in inputs]
     want = branches.tokens.to(torch.long).contiguous()
     cond_in = branch_cond.to(torch.float64).contiguous()
-    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
-    parents, depths = torch.empty_like(tokens), torch.empty_like(tokens)
-    valid = torch.empty(batch, size, dtype=torch.bool, device=device)
-    num_nodes = torch.empty(batch, dtype=torch.long, device=device)
-    scores = torch.empty(batch, size, dtype=torch.float64, device=device)
-    cond = torch.empty_like(scores)
-    on_branch = torch.empty_like(valid)
+    tokens, parents, depths, valid, num_nodes, scores, cond, on_branch = _grafted_outputs(batch, size, device)
     scratch = torch.empty(batch, width, dtype=torch.long, device=device)
     _call(where, "graft", device, *(t.data_ptr() for t in inputs), batch, pool_size, want.data_ptr(),
           cond_in.data_ptr(), count, width,
@@ -292,13 +299,7 @@ def select(candidates, values: torch.Tensor, size: int, *, where: str | None = N
               tree.depths.to(torch.long), tree.valid.to(torch.bool), tree.scores.to(torch.float64),
               candidates.cond.to(torch.float64), candidates.on_branch.to(torch.bool)]
     inputs = [t.contiguous() for t in inputs]
-    tokens = torch.empty(batch, size, dtype=torch.long, device=device)
-    parents, depths = torch.empty_like(tokens), torch.empty_like(tokens)
-    valid = torch.empty(batch, size, dtype=torch.bool, device=device)
-    num_nodes = torch.empty(batch, dtype=torch.long, device=device)
-    scores = torch.empty(batch, size, dtype=torch.float64, device=device)
-    cond = torch.empty_like(scores)
-    on_branch = torch.empty_like(valid)
+    tokens, parents, depths, valid, num_nodes, scores, cond, on_branch = _grafted_outputs(batch, size, device)
     scratch = torch.empty(batch, 2 * n, dtype=torch.long, device=device)  # each node's rank, then its new column
     _call(where, "select", device, *(t.data_ptr() for t in inputs), batch, n, size,
           *(t.data_ptr() for t in (tokens, parents, depths, valid, num_nodes, scores, cond, on_branch, scratch)))

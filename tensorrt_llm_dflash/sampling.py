@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 from dataclasses import dataclass
 
@@ -25,11 +26,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        for name, kinds in (("temperature", (int, float)), ("top_p", (int, float)), ("top_k", (int,))):
+        # numbers.Real / Integral: numpy scalars pass too, as they did before these checks.
+        for name, kind in (("temperature", numbers.Real), ("top_p", numbers.Real), ("top_k", numbers.Integral)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, kinds):
-                raise DFlashInputError(f"{name}={value!r} must be {'an integer' if kinds == (int,) else 'a number'}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise DFlashInputError(f"{name}={value!r} must be "
+                                       f"{'an integer' if kind is numbers.Integral else 'a number'}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
                                       or not 0 <= self.seed < 2 ** 63):
             raise DFlashInputError(f"seed={self.seed!r} must be an integer in 0..2**63 - 1 (or None)")
         if not 0.0 <= self.temperature < math.inf:
