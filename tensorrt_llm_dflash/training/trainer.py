@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -46,6 +47,8 @@ class TrainConfig:
     save_every: int = 200
     eval_fraction: float = 0.04
     max_eval_sequences: int = 64
+    #: Held-out sequences, exactly (instead of ``eval_fraction`` capped at ``max_eval_sequences``).
+    eval_sequences: int | None = None
     seed: int = 0
     attention: str = "dense"
     #: Rank 0 appends every logged record (the periodic evaluation) to this JSONL file, and
@@ -311,18 +314,15 @@ def train(
                                     f"number of ranks ({world})")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if len(sequences) < 2:
-        raise DFlashConfigError(f"the data holds {len(sequences)} sequence(s): training needs at least 2 (one is "
-                                "held out for evaluation); give more prompts or a larger --data_minutes")
+    keys = [sequence_key(s) for s in sequences]
+    unique = distinct_sequences(keys, quiet=rank != 0)
+    if len(unique) < 2:
+        raise DFlashConfigError(f"the data holds {len(unique)} distinct sequence(s): training needs at least 2 (one "
+                                "is held out for evaluation); give more prompts or a larger --data_minutes")
     rng = random.Random(config.seed)
-    order = list(range(len(sequences)))
-    rng.shuffle(order)
-    # Capped: evaluation runs inside the time budget, and a large data set must not make it eat training.
-    n_eval = max(1, min(int(len(order) * config.eval_fraction), config.max_eval_sequences))
-    eval_ids, train_ids = order[:n_eval], order[n_eval:]
     params = [p for p in online.drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
-    step, elapsed, history = 0, 0.0, []
+    step, elapsed, history, changes = 0, 0.0, [], []
     ckpt = out / config.checkpoint_name
     if rank == 0:
         remove_stale_temporaries(out)
@@ -331,9 +331,21 @@ def train(
         online.drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed, history = state["step"], state["elapsed"], state["history"]
-        rng.setstate(state["rng"])
+        changes = list(state.get("settings_changes", []))
+        changed = changed_settings(state.get("config", {}), asdict(config))
+        if changed:
+            changes.append({"step": step, "changes": changed})
         if rank == 0:
             print(f"resumed from {ckpt} at step {step} ({elapsed / 60:.1f} min trained)")
+            if changed:
+                print("note: resumed with other settings than the checkpoint's last run: " + ", ".join(
+                    f"{name} {old!r} -> {new!r}" for name, (old, new) in changed.items())
+                    + " (recorded in the checkpoint and the exported drafter's training_metrics.json)")
+    eval_ids, train_ids = held_out_split(unique, keys, config, state, quiet=rank != 0)
+    if state is not None:
+        rng.setstate(state["rng"])
+    if rank == 0:
+        print(f"held out for evaluation: {len(eval_ids)} sequences; training on {len(train_ids)}")
     gen = torch.Generator().manual_seed(config.seed + step)
     with_final = config.distill_weight > 0
     device = next(online.drafter.parameters()).device
@@ -355,7 +367,8 @@ def train(
         if rank == 0:
             atomic_torch_save({"drafter": online.drafter.state_dict(), "optimizer": opt.state_dict(), "step": step,
                                "elapsed": elapsed, "history": history, "rng": rng.getstate(),
-                               "config": asdict(config)}, ckpt)
+                               "config": asdict(config), "eval_keys": sorted(keys[i] for i in eval_ids),
+                               "settings_changes": changes}, ckpt)
 
     bar = tqdm(total=config.max_steps if not config.time_budget_s else None, initial=step, desc="train", unit="step",
                mininterval=5.0, disable=rank != 0)
@@ -408,7 +421,8 @@ def train(
                       "train_acc": acc, **_ratios("train", window["extras"]), **ev}
             history.append(record)
             logger.write(record)
-            bar.write(json.dumps({k: (round(v, 4) if isinstance(v, float) else [round(a, 3) for a in v] if isinstance(v, list) else v)
+            bar.write(json.dumps({k: (float(f"{v:.3g}") if k == "lr" else round(v, 4) if isinstance(v, float)
+                                      else [round(a, 3) for a in v] if isinstance(v, list) else v)
                                   for k, v in record.items()}))
         if step % config.log_every == 0:
             window = {"loss": 0.0, "n": 0, "correct": None, "count": None, "extras": {}}
@@ -427,7 +441,65 @@ def train(
         dist.barrier()
     final = evaluate(online, [sequences[i] for i in eval_ids], config, with_final, features) if rank == 0 else {}
     final.update({"steps": step, "train_minutes": elapsed / 60})
-    return {"final": final, "history": history}
+    return {"final": final, "history": history, "settings_changes": changes}
+
+
+def sequence_key(sequence: Sequence) -> str:
+    """What identifies a training sequence across runs: a hash of its token ids."""
+    return hashlib.sha256(sequence.input_ids.to(torch.int64).numpy().tobytes()).hexdigest()[:20]
+
+
+def distinct_sequences(keys: list[str], quiet: bool = False) -> list[int]:
+    """The index of each sequence's first copy. A copy on both sides of the split would make the held-out
+    evaluation measure memory, and one on the training side only weighs a sequence twice: every copy after
+    the first is dropped, with a warning."""
+    first: dict[str, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    repeats = len(keys) - len(first)
+    if repeats and not quiet:
+        print(f"warning: {repeats} of {len(keys)} sequences repeat an earlier one token for token; each is used once")
+    return sorted(first.values())
+
+
+#: Settings whose change between invocations of one training run is worth a note (the budgets and the log
+#: paths change as a matter of course).
+_NOTED_SETTINGS = ("lr", "weight_decay", "batch_size", "num_anchors", "gamma", "distill_weight", "seed", "attention",
+                   "precision")
+
+
+def changed_settings(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {name: (recorded[name], current[name]) for name in _NOTED_SETTINGS
+            if name in recorded and name in current and recorded[name] != current[name]}
+
+
+def held_out_split(unique: list[int], keys: list[str], config: TrainConfig, state: dict[str, Any] | None,
+                   quiet: bool = False) -> tuple[list[int], list[int]]:
+    """(held-out, training) sequence indices. A resumed run keeps the held-out set its checkpoint recorded
+    (by token-id hash), whatever the data, seed or settings now: drawn afresh, a grown data set or another
+    seed would hold out sequences the drafter has already trained on. A fresh run (or a checkpoint from
+    before the record) draws it from ``config.seed``."""
+    recorded = state.get("eval_keys") if state is not None else None
+    if recorded:
+        held = set(recorded)
+        eval_ids = [i for i in unique if keys[i] in held]
+        train_ids = [i for i in unique if keys[i] not in held]
+        if eval_ids and train_ids:
+            return eval_ids, train_ids
+        if not quiet:
+            print("warning: the data no longer holds the checkpoint's held-out sequences (or holds nothing else); "
+                  "a new held-out set is drawn, which may hold sequences already trained on")
+    order = list(unique)
+    random.Random(config.seed).shuffle(order)
+    if config.eval_sequences is not None:
+        n_eval = config.eval_sequences
+    else:  # capped: evaluation runs inside the time budget, and a large data set must not make it eat training
+        n_eval = min(int(len(order) * config.eval_fraction), config.max_eval_sequences)
+    n_eval = max(1, min(n_eval, len(order) - 1))
+    if config.eval_sequences is not None and n_eval != config.eval_sequences and not quiet:
+        print(f"warning: {config.eval_sequences} held-out sequences asked for, {n_eval} held out: the data holds "
+              f"{len(order)} distinct sequences and training needs at least one")
+    return order[:n_eval], order[n_eval:]
 
 
 def load_checkpoint(path: Path, drafter: torch.nn.Module, quiet: bool = False) -> dict[str, Any] | None:

@@ -9,8 +9,11 @@ data settings; the drafter's shape) and :func:`claim_work_dir` refuses any misma
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,9 @@ from ..errors import DFlashConfigError
 from ..files import atomic_write_json
 
 FINGERPRINT_FILE = "fingerprint.json"
+#: Held (flock) by the run working in a directory; it holds that run's pid, for the refusal's message.
+LOCK_FILE = ".lock"
+_HELD: set[str] = set()  # the work dirs this process holds
 #: Config keys that describe how a model was loaded or saved, not which model it is.
 _VOLATILE_CONFIG_KEYS = {"torch_dtype", "dtype", "_name_or_path", "transformers_version", "_attn_implementation",
                          "_attn_implementation_autoset", "attn_implementation", "_commit_hash", "use_cache"}
@@ -121,3 +127,34 @@ def claim_work_dir(work_dir: str | Path, fingerprint: dict[str, Any], renew: tup
         )
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, fingerprint)
+
+
+@contextlib.contextmanager
+def hold_work_dir(work_dir: str | Path, argument: str = "--work_dir") -> Iterator[None]:
+    """One run at a time in a work directory: two would write the same shards, checkpoint and log, each
+    resuming from whatever the other saved last. An advisory lock (``flock``) on ``LOCK_FILE``, released by
+    the kernel when the process ends however it ends, so a killed run never leaves the directory locked.
+    Creates the directory."""
+    import fcntl
+
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    key = str(work.resolve())
+    if key in _HELD:  # this process holds it already (a LoRA run whose --data_dir lies in its --work_dir)
+        yield
+        return
+    fd = os.open(work / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    _HELD.add(key)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise DFlashConfigError(f"{argument} {str(work)!r} is in use by another run (pid {holder}): wait for it "
+                                    f"to end, or give another {argument}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        _HELD.discard(key)
+        os.close(fd)
