@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.compat import chat_token_ids  # noqa: E402
-from tensorrt_llm_dflash.errors import DFlashError  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError, DFlashInputError  # noqa: E402
 from tensorrt_llm_dflash.precision import guarantee, low_precision_warning  # noqa: E402
 from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
 
@@ -100,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             ("--dtype", args.dtype != "float32")):
             if given:
                 cli.refuse(ap, flag, "applies to --backend pytorch: an engine holds its own target, drafter and dtype")
+        from tensorrt_llm_dflash.trtllm.runner import missing_tokenizer
+
+        problem = missing_tokenizer(args.engine_dir, args.tokenizer_dir)
+        if problem:
+            cli.refuse(ap, "--tokenizer_dir", problem)
     else:
         # The PyTorch backend loads --target_model_dir (or the embedded target) and its own tokenizer: an engine or
         # an engine's tokenizer given here would be ignored, so the run would not be the one asked for.
@@ -170,8 +175,6 @@ def make_policy(args: argparse.Namespace, verifier: object, proposer: object):
     engine_cap = getattr(verifier, "max_draft_len", None)
     max_nodes = args.max_tree_nodes or (min(DEFAULT_MAX_NODES, engine_cap) if engine_cap else DEFAULT_MAX_NODES)
     if engine_cap is not None and max_nodes > engine_cap:
-        from tensorrt_llm_dflash.errors import DFlashInputError
-
         raise DFlashInputError(f"--max_tree_nodes={max_nodes} exceeds the engine's max_draft_len={engine_cap}")
     return default_policy(verifier, proposer, max_nodes, lookup=not args.no_lookup, recalibrate=args.recalibrate,
                           log=lambda line: print(line, file=sys.stderr, flush=True), persist=True)
@@ -298,13 +301,18 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.input_text]
         for text, ids in zip(args.input_text, prompts):
             check_prompt_fits(len(ids), args.max_output_len, int(getattr(verifier, "max_positions", 1 << 30)),
-                              text)
+                              text, getattr(verifier, "max_positions_name", "the target's max_position_embeddings"))
+            if hasattr(verifier, "check_prompt_len"):  # an engine: what one context pass takes (--max_input_len)
+                try:
+                    verifier.check_prompt_len(len(ids))
+                except DFlashInputError as err:
+                    raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
         if args.runtime == "graphed":  # every graph (and step cost) the prompts need, before the first one's clock
             decoder.reserve(max(len(ids) for ids in prompts), args.max_output_len)
             decoder.prepare(sampling)
         results.write("running")
         batched = None
-        if args.backend == "trt" and verifier.rows > 1:  # the engine's rows: one step loop, results in prompt order
+        if args.backend == "trt" and verifier.rows > 1 and policy is None:  # the engine's rows: one step loop
             from tensorrt_llm_dflash.trtllm.batch import run_prompts
 
             print(f"running {len(prompts)} prompts {verifier.rows} at a time in one step loop (the engine's "
@@ -367,21 +375,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def check_prompt_fits(prompt_len: int, max_output_len: int, limit: int, text: str) -> None:
+def check_prompt_fits(prompt_len: int, max_output_len: int, limit: int, text: str,
+                      limit_name: str = "the target's max_position_embeddings") -> None:
     """Refuse a prompt that cannot be generated from, naming the flag to change: --input_text when the prompt alone
     leaves no room for a token, else --max_output_len (the target's own message names its max_new_tokens, a name
     this command line does not have)."""
-    from tensorrt_llm_dflash.errors import DFlashInputError
     from tensorrt_llm_dflash.target import check_prompt_fits as fits
 
     try:
-        fits(prompt_len, max_output_len, limit)
+        fits(prompt_len, max_output_len, limit, limit_name)
     except DFlashInputError as err:
         if 1 <= prompt_len < limit:
             raise DFlashInputError(
                 f"--max_output_len={max_output_len}: the {prompt_len}-token prompt {text[:40]!r} + "
-                f"{max_output_len} new tokens = {prompt_len + max_output_len} exceeds the target's "
-                f"max_position_embeddings={limit}; at most {limit - prompt_len} new tokens fit after it") from None
+                f"{max_output_len} new tokens = {prompt_len + max_output_len} exceeds {limit_name}={limit}; at "
+                f"most {limit - prompt_len} new tokens fit after it") from None
         raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
 
 

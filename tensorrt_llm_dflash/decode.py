@@ -221,11 +221,12 @@ def speculative_generate(
     the policy chooses (cost-aware size, lookup branches, drafting skipped when it does not
     pay). Generation ends right after a stop token, exactly where AR decoding would.
     """
-    from .target import check_prompt_fits
+    from .target import MAX_POSITIONS_NAME, check_prompt_fits
 
     sampling = sampling or SamplingParams()
     prompt = _single_prompt(prompt_ids)
-    check_prompt_fits(len(prompt), max_new_tokens, target.max_positions)
+    check_prompt_fits(len(prompt), max_new_tokens, target.max_positions,
+                      getattr(target, "max_positions_name", MAX_POSITIONS_NAME))
     budget = validate_budget(ddtree_budget)
     bad = [t for t in prompt if not 0 <= t < target.vocab_size]
     if bad:

@@ -680,7 +680,11 @@ def compaction_reference(tensor: torch.Tensor, past_len: int, accepted_nodes: li
     return torch.cat([tensor[:, :, :past_len], tensor.index_select(2, src)], dim=2)
 
 
-def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int) -> None:
+#: What bounds a target's positions, for the messages: an engine names its own bound (``max_positions_name``).
+MAX_POSITIONS_NAME = "the target's max_position_embeddings"
+
+
+def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int, limit_name: str = MAX_POSITIONS_NAME) -> None:
     if prompt_len < 1:
         raise DFlashInputError("the prompt is empty: at least one token is needed")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)):
@@ -690,5 +694,5 @@ def check_prompt_fits(prompt_len: int, max_new_tokens: int, limit: int) -> None:
     if prompt_len + max_new_tokens > limit:
         raise DFlashInputError(
             f"prompt length {prompt_len} + max_new_tokens {max_new_tokens} = "
-            f"{prompt_len + max_new_tokens} exceeds the target's max_position_embeddings={limit}"
+            f"{prompt_len + max_new_tokens} exceeds {limit_name}={limit}"
         )

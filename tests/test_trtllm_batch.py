@@ -379,8 +379,8 @@ def test_run_py_runs_the_prompts_as_one_batch(engines, tmp_path, capsys):
 
 
 def test_batch_rows_follow_the_engine_and_the_mode(engines, tmp_path):
-    """One row per prompt up to max_batch_size; one at a time for the cost-aware tree (a DFlash engine with no
-    --ddtree_budget), with --streaming, and on a max_batch_size 1 engine."""
+    """One row per prompt up to max_batch_size; one at a time for the cost-aware tree (no --ddtree_budget), with
+    --streaming, and on a max_batch_size 1 engine."""
     import argparse
 
     root, built = engines
@@ -396,7 +396,10 @@ def test_batch_rows_follow_the_engine_and_the_mode(engines, tmp_path):
         assert rows("qwen3", ddtree_budget=0) == 3
         assert rows("qwen3", ddtree_budget=None) == 1  # the cost-aware tree
         assert rows("qwen3", streaming=True) == 1
-        assert rows("dflash2", ddtree_budget=None) == 3  # DFlash2 has no cost-aware tree: its fixed default
+        # DFlash2 too: run.py sizes its selector's tree with the cost-aware policy, a one-row step (a batch of
+        # three ran fixed full trees under the policy's name)
+        assert rows("dflash2", ddtree_budget=None) == 1
+        assert rows("dflash2", ddtree_budget=8) == 3
         config = json.loads((built["qwen3"][2] / "config.json").read_text())
         config["build_config"]["max_batch_size"] = 1  # what --max_batch_size 1 writes
         (tmp_path / "config.json").write_text(json.dumps(config))
@@ -455,3 +458,47 @@ def test_admission_splits_context_passes_at_max_num_tokens(engines):
         assert spy.of("prefill_rows") == [(0, 2), (2, 1)]
         for prompt, row in zip(PROMPTS, rows):
             assert row.done and row.result().output_ids == reference(target, drafter, prompt, 0, 1).output_ids
+
+
+def test_run_py_on_an_engine_stops_and_refuses_as_the_pytorch_runtime_does(engines, tmp_path, capsys, monkeypatch):
+    """Found by a QA pass: the engine stopped on the tokenizer's EOS only, where the PyTorch runtime stops on the
+    model's generation_config (Qwen3 lists two ids); no --tokenizer_dir was a transformers traceback; a prompt past
+    --max_input_len failed TensorRT's profile check on the one-row path; a tensor-parallel engine started without
+    mpirun failed in its first all-reduce; the output limit was blamed on max_position_embeddings."""
+    root, built = engines
+    target, drafter, engine_dir = built["qwen3"]
+    tokenizer_dir = tmp_path / "tokenizer"
+    word_tokenizer(tokenizer_dir)
+    prompt = BATCH_PROMPTS[1]
+    free = reference(target, drafter, prompt, 8, 10).output_ids
+    stop = next(t for t in free[1:] if t != 1)  # a token the run reaches: the model's second stop id
+    (tokenizer_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop, 1]}))
+    expected = reference(target, drafter, prompt, 8, 10, stops=(stop, 1))
+    assert len(expected.output_ids) < len(free)
+    text = " ".join(word(t) for t in prompt)
+    common = ["--engine_dir", str(engine_dir), "--no_chat_template", "--ddtree_budget", "8", "--device", "cpu"]
+    with standin.active(root / "lib"):
+        run = _run_example()
+        out = tmp_path / "out.json"
+        assert run.main([*common, "--tokenizer_dir", str(tokenizer_dir), "--input_text", text, "--max_output_len",
+                         "10", "--output_json", str(out)]) == 0, capsys.readouterr().err
+        assert json.loads(out.read_text())["outputs"][0]["output_ids"] == expected.output_ids
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            run.main([*common, "--input_text", text])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and "--tokenizer_dir: is required: the engine dir" in err
+        long_text = " ".join(word(2 + i % 20) for i in range(33))  # max_input_len 32 (engine_case.build_argv)
+        assert run.main([*common, "--tokenizer_dir", str(tokenizer_dir), "--input_text", long_text,
+                         "--max_output_len", "4"]) == 2
+        assert "prompt length 33 exceeds the engine's max_input_len=32" in capsys.readouterr().err
+        from tensorrt_llm_dflash.trtllm.runner import DFlashEngineTarget
+
+        engine = DFlashEngineTarget(engine_dir, device="cpu")
+        assert run.main([*common, "--tokenizer_dir", str(tokenizer_dir), "--input_text", text,
+                         "--max_output_len", str(engine.max_positions)]) == 2
+        assert f"exceeds {engine.max_positions_name}={engine.max_positions}" in capsys.readouterr().err
+        assert f"max_seq_len {engine.max_seq_len} - max_draft_len" in engine.max_positions_name  # not the model's
+        monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+        assert run.main([*common, "--tokenizer_dir", str(tokenizer_dir), "--input_text", text]) == 2
+        assert "was built for 1 ranks (tp_size 1) and this run has 2" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,12 @@ def write_ckpt(path, **fields):
     config = {"architecture": "DFlashForCausalLM", "dflash": {"block_size": 8}, **QWEN3_8B, **fields}
     (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp_path(tmp_path, monkeypatch):
+    """A DFlash build publishes its --output_dir (default engine_outputs, relative to the current directory)."""
+    monkeypatch.chdir(tmp_path)
 
 
 @pytest.fixture
@@ -65,15 +72,21 @@ def test_translate_argv_maps_only_the_mode():
                                                                                False)
 
 
-def test_main_passes_everything_else_through(fake_trtllm, dflash_ckpt, monkeypatch):
+def test_main_passes_everything_else_through(fake_trtllm, dflash_ckpt, monkeypatch, tmp_path):
+    """Everything but the mode and --output_dir goes through as given; a DFlash build writes into a staging
+    sibling of --output_dir, published whole when TensorRT-LLM returns (a killed rebuild used to leave a new
+    config.json beside old rank engines)."""
     import os
 
     argv = ["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine", "--speculative_decoding_mode", "dflash",
             "--max_draft_len", "31", "--max_batch_size", "1", "--kv_cache_type", "continuous"]
     assert build.main(argv) == 0
-    assert fake_trtllm["argv"] == ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine",
+    staging = fake_trtllm["argv"][4]
+    assert staging.startswith(str(tmp_path / ".engine.staging-")) and not os.path.exists(staging)
+    assert fake_trtllm["argv"] == ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt), "--output_dir", staging,
                                    "--speculative_decoding_mode", "medusa", "--max_draft_len", "31",
                                    "--max_batch_size", "1", "--kv_cache_type", "continuous"]
+    assert (tmp_path / "engine").is_dir()
     assert os.environ[build.MAX_DRAFT_LEN_ENV] == "31"
     assert fake_trtllm["plugins"] == 1 and fake_trtllm["registered"] == 1
 
@@ -283,8 +296,9 @@ def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_c
     monkeypatch.setattr(sys, "argv", ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt),
                                       "--speculative_decoding_mode", "dflash", "--max_draft_len", "9"])
     assert commands.main() == 0
-    assert commands.CALLS[-1] == ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt),
-                                  "--speculative_decoding_mode", "medusa", "--max_draft_len", "9"]
+    assert commands.CALLS[-1][:-1] == ["trtllm-build", "--checkpoint_dir", str(dflash_ckpt),
+                                       "--speculative_decoding_mode", "medusa", "--max_draft_len", "9", "--output_dir"]
+    assert ".engine_outputs.staging-" in commands.CALLS[-1][-1]  # published as ./engine_outputs
     hook.install()  # already imported: wrapping again is a no-op
     assert commands.main._dflash_hooked
 
@@ -318,8 +332,10 @@ def test_abbreviated_flags_reach_the_build(fake_trtllm, dflash_ckpt):
 
     assert build.main([f"--checkpoint={dflash_ckpt}", "--speculative_decoding", "dflash", "--max_draft", "31",
                        "--max_batch_size", "1"]) == 0
+    staging = fake_trtllm["argv"][-1]  # trtllm-build's default --output_dir, engine_outputs, staged
     assert fake_trtllm["argv"] == ["trtllm-build", f"--checkpoint={dflash_ckpt}", "--speculative_decoding_mode",
-                                   "medusa", "--max_draft", "31", "--max_batch_size", "1"]
+                                   "medusa", "--max_draft", "31", "--max_batch_size", "1", "--output_dir", staging]
+    assert ".engine_outputs.staging-" in staging and (dflash_ckpt / "engine_outputs").is_dir()
     assert os.environ[build.MAX_DRAFT_LEN_ENV] == "31"
     assert build.translate_argv(["--speculative_decoding=dflash", "--spec", "dflash"]) == (
         ["--speculative_decoding_mode=medusa", "--speculative_decoding_mode", "medusa"], True)
@@ -421,3 +437,28 @@ def test_a_missing_checkpoint_dir_is_named(fake_trtllm, tmp_path, capsys):
     assert build.main(["--speculative_decoding_mode", "dflash"]) == 2
     assert "needs --checkpoint_dir" in capsys.readouterr().err
     assert fake_trtllm["argv"] is None
+
+
+def test_a_dflash_build_never_writes_over_its_checkpoint_and_a_failed_build_publishes_nothing(fake_trtllm, tmp_path,
+                                                                                           capsys):
+    """--output_dir equal to --checkpoint_dir replaced the checkpoint's config.json with the engine's; a build that
+    fails (or is killed) leaves the previous engine as it was."""
+    ckpt = write_ckpt(tmp_path)
+    assert build.main(["--checkpoint_dir", str(ckpt), "--output_dir", str(ckpt), "--speculative_decoding_mode",
+                       "dflash"]) == 2
+    assert "is also --checkpoint_dir" in capsys.readouterr().err and fake_trtllm["argv"] is None
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text("previous")
+    (engine / "rank0.engine").write_text("previous")
+
+    def failing_build():
+        out = sys.argv[sys.argv.index("--output_dir") + 1]
+        (Path(out) / "config.json").write_text("new")
+        raise RuntimeError("killed mid-build")
+
+    sys.modules["tensorrt_llm.commands.build"].main = failing_build
+    with pytest.raises(RuntimeError):
+        build.main(["--checkpoint_dir", str(ckpt), "--output_dir", str(engine), "--speculative_decoding_mode", "dflash"])
+    assert (engine / "config.json").read_text() == "previous" and (engine / "rank0.engine").read_text() == "previous"
+    assert not list(tmp_path.glob(".engine.staging-*"))

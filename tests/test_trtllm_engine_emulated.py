@@ -329,8 +329,11 @@ def test_multiple_profiles_engine_picks_the_profile_by_token_count(tmp_path):
                 assert got.stats.acceptance_lengths == expected.stats.acceptance_lengths, (len(prompt), budget)
         assert (True, 70, 1) in seen and (True, len(PROMPTS[0]), 0) in seen
         assert all(p == 0 for is_context, n, p in seen if not is_context)
+        engine._select_profile = select
+        with pytest.raises(DFlashInputError, match="prompt length 150 exceeds the engine's max_input_len=80"):
+            engine.prefill(list(range(2, 32)) * 5)  # 150 tokens: beyond max_input_len, refused before the pass
+        engine.max_prompt_len = engine.max_num_tokens = 1 << 20  # past that check: the profiles' own refusal
         with pytest.raises(DFlashInputError, match="fits none of the engine's 2 optimization profiles"):
-            engine._select_profile = select
             engine.prefill(list(range(2, 32)) * 5)  # 150 tokens: beyond max_num_tokens
 
 

@@ -89,10 +89,15 @@ def test_inputs_the_engine_cannot_take_are_refused_by_name(engine):
         too_long = list(range(2, 30)) * 4  # 112 tokens: more than max_seq_len allows with the tree
         with pytest.raises(DFlashInputError, match=r"prompt length 112 does not fit the engine's max_seq_len=136"):
             target.prefill(too_long)
-        # 40 tokens fit max_seq_len but not the context profile (max_input_len 32).
+        # 40 tokens fit max_seq_len but not the context profile (max_input_len 32): refused by the flag to change,
+        # before the pass; past that check, by the profile's own message.
+        with pytest.raises(DFlashInputError, match=r"prompt length 40 exceeds the engine's max_input_len=32"):
+            target.prefill(list(range(2, 30)) + list(range(2, 14)))
+        target.max_prompt_len = target.max_num_tokens = 1 << 20
         with pytest.raises(DFlashInputError, match=r"engine input 'input_ids' of shape \(40,\) is outside optimization "
                                                    r"profile 0"):
             target.prefill(list(range(2, 30)) + list(range(2, 14)))
+        target.max_prompt_len, target.max_num_tokens = load(engine_dir).max_prompt_len, load(engine_dir).max_num_tokens
         target.prefill(PROMPTS[0])
         big = build_chain(3, list(range(MAX_DRAFT_LEN + 1)))
         with pytest.raises(DFlashInputError, match="a tree of 42 nodes exceeds the engine's max_draft_len \\+ 1 = 41"):

@@ -159,7 +159,7 @@ def check_engine_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if args.speculative_decoding_mode != "dflash":
         cli.refuse(ap, "--speculative_decoding_mode", "a DFlash engine always drafts: serve it in 'dflash' mode "
                                                       "(--ddtree_budget 0 for the chain)")
-    from ..trtllm.runner import read_engine_config
+    from ..trtllm.runner import missing_tokenizer, read_engine_config
 
     try:
         config = read_engine_config(args.engine_dir)
@@ -176,6 +176,9 @@ def check_engine_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> 
                                            "(trtllm-build --max_batch_size)")
     cli.require_module(ap, "--engine_dir", "tensorrt_llm",
                        "pip install -r requirements-trtllm.txt on a machine with a GPU; docs/trtllm_engine.md")
+    problem = missing_tokenizer(args.engine_dir, args.tokenizer_dir)
+    if problem:
+        cli.refuse(ap, "--tokenizer_dir", problem)
 
 
 def bind(ap: argparse.ArgumentParser, address: str, port: int) -> socket.socket:
@@ -219,15 +222,15 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
 def load_engine(args: argparse.Namespace) -> tuple[Any, Any, list[int]]:
     """--backend trt: (EngineServeRunner, tokenizer, EOS ids), as examples/run.py loads an engine."""
     from tensorrt_llm._utils import mpi_rank
-    from transformers import AutoTokenizer
 
-    from ..decode import stop_ids
+    from ..trtllm.runner import check_engine_world, load_engine_tokenizer
     from ..trtllm.serve_runner import EngineServeRunner
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
+    check_engine_world(args.engine_dir)
+    tokenizer, stops = load_engine_tokenizer(args.engine_dir, args.tokenizer_dir)
     runner = EngineServeRunner(args.engine_dir, ddtree_budget=args.ddtree_budget, max_batch=args.max_batch_size,
                                max_model_len=args.max_model_len, device=args.device, rank=mpi_rank())
-    return runner, tokenizer, stop_ids(getattr(tokenizer, "eos_token_id", None))
+    return runner, tokenizer, stops
 
 
 def default_model_name(args: argparse.Namespace) -> str:

@@ -95,12 +95,8 @@ class EngineBatch:
         """What ``speculative_generate`` checks before it starts, and what one context pass takes."""
         target = self.target
         n = len(request.prompt_ids)
-        check_prompt_fits(n, request.max_new_tokens, target.max_positions)
-        limit = min(target.max_prompt_len, target.max_num_tokens)
-        if n > limit:
-            raise DFlashInputError(f"prompt length {n} exceeds the engine's max_input_len={target.max_prompt_len} "
-                                   f"(one context pass takes at most {limit} tokens); rebuild with a larger "
-                                   "--max_input_len or send a shorter prompt")
+        check_prompt_fits(n, request.max_new_tokens, target.max_positions, target.max_positions_name)
+        target.check_prompt_len(n)
         bad = [t for t in request.prompt_ids if not 0 <= t < target.vocab_size]
         if bad:
             raise DFlashInputError(f"prompt token ids {bad[:5]} are outside the target vocabulary "

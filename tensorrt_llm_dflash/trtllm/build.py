@@ -55,12 +55,17 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import DFlashConfigError, DFlashError
+from ..files import publish_dir
 from .constants import ARCHITECTURE, DFLASH_MODE, MAX_DRAFT_LEN_ENV, MAX_ENGINE_DRAFT_LEN, MODE_FLAG, TRTLLM_MODE
 from .dflash2_support import check_section
 from .kernel_support import DEFAULT_TOKENS_PER_BLOCK, TargetAttention, device_sm, spec_decoding_kernel
 
 #: The module ``trtllm-build`` runs (TensorRT-LLM's setup.py: ``tensorrt_llm.commands.build:main``).
 TRTLLM_BUILD_MODULE = "tensorrt_llm.commands.build"
+#: trtllm-build's --output_dir default (tensorrt_llm/commands/build.py).
+DEFAULT_OUTPUT_DIR = "engine_outputs"
+#: What a build writes into --output_dir: a rebuild's leftovers of these (a rank the new build lacks) go.
+ENGINE_FILES = ("config.json", "rank*.engine")
 
 #: Every option string of TensorRT-LLM 1.2.1's ``trtllm-build``: ``parse_arguments`` in
 #: tensorrt_llm/commands/build.py @ 65f1d153 plus ``cli_plugin_args`` (``add_plugin_argument``) in
@@ -169,6 +174,39 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
         if option.flag == flag and option.value is not None:
             value = option.value
     return value
+
+
+def _with_flag_value(argv: list[str], flag: str, value: str) -> list[str]:
+    """``argv`` with every value of ``flag`` (however given or abbreviated) replaced by ``value``, or the flag
+    appended where it is absent."""
+    out = list(argv)
+    options = [option for option in _options(argv) if option.flag == flag and option.value is not None]
+    for option in options:
+        if option.inline:
+            out[option.index] = f"{flag}={value}"
+        else:
+            out[option.index + 1] = value
+    return out if options else [*out, flag, value]
+
+
+def check_output_dir(argv: list[str]) -> Path:
+    """The engine directory a DFlash build publishes (trtllm-build's ``--output_dir``, default
+    ``engine_outputs``, tensorrt_llm/commands/build.py). TensorRT-LLM writes config.json and then each
+    ``rank{N}.engine`` in place, so a killed rebuild left a directory that mixed two builds and looked
+    complete; the build now runs in a staging sibling published whole (files.publish_dir). The checkpoint's
+    own directory is refused: its config.json would be replaced by the engine's."""
+    output = Path(_flag_value(argv, "--output_dir") or DEFAULT_OUTPUT_DIR)
+    ckpt = _flag_value(argv, "--checkpoint_dir")
+    if ckpt is not None and output.resolve() == Path(ckpt).resolve():
+        raise DFlashConfigError(f"--output_dir={str(output)!r} is also --checkpoint_dir: the engine's config.json "
+                                "would replace the checkpoint's; give the engine a directory of its own")
+    if output.exists() and not output.is_dir():
+        raise DFlashConfigError(f"--output_dir={str(output)!r} exists and is not a directory")
+    here = Path.cwd().resolve()
+    if output.resolve() == here or output.resolve() in here.parents:
+        raise DFlashConfigError(f"--output_dir={str(output)!r} is (or holds) the current directory: the engine "
+                                "directory is published whole, replacing it; give the engine a directory of its own")
+    return output
 
 
 def translate_argv(argv: list[str]) -> tuple[list[str], bool]:
@@ -333,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         translated, is_dflash = translate_argv(argv)
         dflash_checkpoint, max_draft_len = check_checkpoint(translated, is_dflash)
+        output_dir = check_output_dir(translated) if dflash_checkpoint else None
     except DFlashError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -348,8 +387,13 @@ def main(argv: list[str] | None = None) -> int:
 
     # TensorRT-LLM's own main, also when hook.py has wrapped it (trtllm-build with the .pth).
     trtllm_build_main = getattr(commands_build.main, "__wrapped__", commands_build.main)
-    sys.argv = ["trtllm-build", *translated]
-    trtllm_build_main()
+    if output_dir is None:  # a plain build: exactly as trtllm-build
+        sys.argv = ["trtllm-build", *translated]
+        trtllm_build_main()
+        return 0
+    with publish_dir(output_dir, ENGINE_FILES) as staging:
+        sys.argv = ["trtllm-build", *_with_flag_value(translated, "--output_dir", str(staging))]
+        trtllm_build_main()
     return 0
 
 

@@ -228,6 +228,10 @@ class DFlashEngineTarget:
         #: only as far as this allows.
         self.max_num_tokens = int(self.build.get("max_num_tokens") or self.max_batch_size * self.max_seq_len)
         self.max_positions = min(int(self.pretrained["max_position_embeddings"]), self.max_seq_len - self.max_draft_len)
+        #: What bounds max_positions, for the messages (a user rebuilds with --max_seq_len for the engine's bound).
+        self.max_positions_name = (
+            "the target's max_position_embeddings" if self.max_positions == int(self.pretrained["max_position_embeddings"])
+            else f"the engine's max_seq_len {self.max_seq_len} - max_draft_len {self.max_draft_len}")
         self.num_layers = int(self.pretrained["num_hidden_layers"])
         self.kv_heads = max(int(self.pretrained["num_key_value_heads"]) // tp, 1)
         self.head_size = int(self.pretrained["head_size"])
@@ -549,6 +553,15 @@ class DFlashEngineTarget:
                 state.cached_draft = outputs["medusa_logits"][:, j, : self.vocab_size].float()
             start += n
 
+    def check_prompt_len(self, n: int) -> None:
+        """A prompt one context pass takes: past the engine's --max_input_len the pass would fail TensorRT's
+        optimization-profile check with the name of an engine input instead."""
+        limit = min(self.max_prompt_len, self.max_num_tokens)
+        if n > limit:
+            raise DFlashInputError(f"prompt length {n} exceeds the engine's max_input_len={self.max_prompt_len} "
+                                   f"(one context pass takes at most {limit} tokens); rebuild with a larger "
+                                   "--max_input_len or send a shorter prompt")
+
     @torch.inference_mode()
     def prefill_rows(self, rows: Sequence[int], prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """One context pass: row ``rows[j]`` (consecutive rows) starts over with ``prompts[j]``. Returns each
@@ -558,6 +571,7 @@ class DFlashEngineTarget:
         for n in lengths:
             if n + self.max_draft_len + 1 > self.max_seq_len:
                 raise DFlashInputError(f"prompt length {n} does not fit the engine's max_seq_len={self.max_seq_len}")
+            self.check_prompt_len(n)
         for row, n in zip(rows, lengths):
             self.reset_row(row)
             self.row_state[row].prompt_len = n
@@ -671,11 +685,11 @@ class EngineProposer:
 
 def batch_rows(args: Any) -> int:
     """Rows examples/run.py decodes together on the engine: one per ``--input_text`` prompt, up to the engine's
-    ``--max_batch_size``; 1 (one prompt at a time, as before) for the cost-aware tree (a DFlash engine with no
-    ``--ddtree_budget``: it prices a one-row step) and with ``--streaming`` (one prompt's text at a time)."""
+    ``--max_batch_size``; 1 (one prompt at a time, as before) for the cost-aware tree (no ``--ddtree_budget``, a
+    DFlash or a DFlash2 engine: it prices a one-row step; a batch ran fixed full trees under its name) and with
+    ``--streaming`` (one prompt's text at a time)."""
     config = read_engine_config(args.engine_dir)
-    cost_aware = args.ddtree_budget is None and config["pretrained_config"]["dflash"].get("dflash2") is None
-    if cost_aware or getattr(args, "streaming", False):
+    if args.ddtree_budget is None or getattr(args, "streaming", False):
         return 1
     prompts = len(getattr(args, "input_text", None) or [])
     return max(1, min(int(config["build_config"].get("max_batch_size", 1)), prompts))
@@ -698,10 +712,61 @@ def build_trt_runtime(args: Any, rows: int = 1) -> tuple[DFlashEngineTarget, Eng
             f"--ddtree_budget={args.ddtree_budget} exceeds the engine's max_draft_len={max_draft_len}"
         )
     from tensorrt_llm._utils import mpi_rank
-    from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_dir or args.engine_dir)
+    check_engine_world(args.engine_dir)
+    tokenizer, stops = load_engine_tokenizer(args.engine_dir, args.tokenizer_dir)
     target = DFlashEngineTarget(args.engine_dir, rank=mpi_rank(), device=getattr(args, "device", None), rows=rows)
-    stops = stop_ids(getattr(tokenizer, "eos_token_id", None))
     default_budget = max_draft_len if max_draft_len > chain_len else 0
     return target, EngineProposer(target), tokenizer, stops, default_budget
+
+
+#: A tokenizer directory holds one of these (what AutoTokenizer reads).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def missing_tokenizer(engine_dir: str, tokenizer_dir: str | None) -> str | None:
+    """Why an engine run has no tokenizer to load (for ``--tokenizer_dir``'s refusal at parse time), or None:
+    the tokenizer defaults to the engine dir, which trtllm-build never writes one into."""
+    if tokenizer_dir is not None or any((Path(engine_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return (f"is required: the engine dir {engine_dir!r} holds no tokenizer (pass the directory of the target the "
+            "engine was converted from)")
+
+
+def load_engine_tokenizer(engine_dir: str, tokenizer_dir: str | None) -> tuple[Any, list[int]]:
+    """(tokenizer, stop ids) of an engine run: the ids the PyTorch runtime stops on for the same model dir
+    (``model.generation_config.eos_token_id``: its generation_config.json, else its config.json, as transformers
+    builds it), the tokenizer's EOS only for a directory that holds a tokenizer and no model config. The
+    tokenizer's EOS alone missed Qwen3's second stop id (generation_config lists 151645 and 151643)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    source = tokenizer_dir or engine_dir
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError) as err:
+        flag = "--tokenizer_dir" if tokenizer_dir else "--engine_dir"
+        reason = " ".join(str(err).split())[:200]
+        raise DFlashConfigError(f"{flag} {source!r}: no tokenizer loads from it ({reason})") from None
+    path = Path(source)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    try:
+        if (path / "generation_config.json").is_file():
+            eos = GenerationConfig.from_pretrained(source).eos_token_id
+        elif (path / "config.json").is_file() and source != engine_dir:  # an engine's config.json is TensorRT-LLM's
+            eos = GenerationConfig.from_model_config(AutoConfig.from_pretrained(source)).eos_token_id
+    except (OSError, ValueError, TypeError, KeyError):
+        pass  # not a model's config: the tokenizer's EOS
+    return tokenizer, stop_ids(eos)
+
+
+def check_engine_world(engine_dir: str) -> None:
+    """A tensor-parallel engine runs one process per rank (``mpirun -n N``): started alone, its first all-reduce
+    waits for ranks that never come. Refused by name before the engine loads."""
+    from tensorrt_llm._utils import mpi_world_size
+
+    mapping = read_engine_config(engine_dir)["pretrained_config"].get("mapping") or {}
+    world = int(mapping.get("world_size", 1))
+    if world != mpi_world_size():
+        raise DFlashConfigError(f"--engine_dir {engine_dir!r} was built for {world} ranks (tp_size "
+                                f"{mapping.get('tp_size', 1)}) and this run has {mpi_world_size()}: launch it with "
+                                f"mpirun -n {world} (docs/trtllm_engine.md)")
