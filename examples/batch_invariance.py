@@ -10,7 +10,8 @@ flip near-ties. The cost-aware tree (``auto``) also verifies the batch's tree si
 Each prompt is decoded alone (a one-row decoder) and among ``--batch`` rows of one decoder, with the rows admitted
 one step apart (so each one shares its steps with rows at other lengths), on the embedded SmolLM2-135M target
 with the shipped drafter (or ``--target_model_dir/--draft_model_dir``); HumanEval and chat prompts alternate.
-Reported per dtype and method: rows whose output differs from their solo run, and from plain AR alone. First, per
+Reported per dtype and method: rows whose output differs from their solo run, and from plain AR alone (null, printed
+'-', when ar is not among --methods: the drafter loads only for the other methods). First, per
 dtype, the size of the effect at the logits: one 9-node verify of each prompt's row alone and inside a batch of
 ``--batch`` rows (the others other prompts), the largest logit difference and the argmax flips.
 """
@@ -29,43 +30,77 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.assets import resolve_drafter_dir  # noqa: E402
-from tensorrt_llm_dflash.bench import CHAT, HUMANEVAL, cpu_model, encode_prompt, load_prompts  # noqa: E402
+from tensorrt_llm_dflash.bench import (  # noqa: E402
+    CHAT,
+    HUMANEVAL,
+    check_drafter_fits,
+    cpu_model,
+    encode_prompt,
+    load_prompts,
+)
+from tensorrt_llm_dflash.config import DFlashDraftConfig  # noqa: E402
 from tensorrt_llm_dflash.drafter import load_dflash_drafter  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError, DFlashInputError  # noqa: E402
 from tensorrt_llm_dflash.files import atomic_write_json  # noqa: E402
 from tensorrt_llm_dflash.graphed import GraphedDecoder  # noqa: E402
-from tensorrt_llm_dflash.target import load_target  # noqa: E402
+from tensorrt_llm_dflash.target import check_prompt_fits, load_target, max_positions  # noqa: E402
+from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
+
+#: Longest generation accepted on the command line, as examples/run.py's --max_output_len; the target's own limit is
+#: checked against every prompt after loading, before the first decode.
+MAX_NEW_TOKENS = 1 << 20
+#: The most rows of one batched decoder, the server's --max_batch_size limit.
+MAX_BATCH = 256
+METHOD_SYNTAX = "ar, chain, ddtree:N or auto (the cost-aware tree)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target_model_dir", default=None)
-    ap.add_argument("--draft_model_dir", default=None)
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                    help="HF dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--draft_model_dir", type=cli.existing_dir, default=None,
+                    help="DFlash drafter dir (default with the embedded target: the shipped demo drafter); loaded "
+                         "only when a method other than ar is measured")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "float64"])
-    ap.add_argument("--methods", nargs="*", default=["ar", "ddtree:8", "auto"],
-                    help="ar, chain, ddtree:N or auto (the cost-aware tree)")
-    ap.add_argument("--num_prompts", type=int, default=4)
-    ap.add_argument("--max_new_tokens", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--output_json", default=None)
+    ap.add_argument("--methods", nargs="+", default=["ar", "ddtree:8", "auto"], help=METHOD_SYNTAX)
+    ap.add_argument("--num_prompts", type=cli.integer(1), default=4)
+    ap.add_argument("--max_new_tokens", type=cli.integer(1, MAX_NEW_TOKENS), default=64)
+    ap.add_argument("--batch", type=cli.integer(2, MAX_BATCH), default=4)
+    ap.add_argument("--device", type=cli.device, default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--threads", type=cli.threads, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--output_json", type=cli.output_file, default=None)
     args = ap.parse_args(argv)
     for method in args.methods:
-        budget_of(method)
-    if args.num_prompts < 1 or args.max_new_tokens < 1 or args.batch < 2:
-        ap.error("--num_prompts and --max_new_tokens must be >= 1, --batch >= 2")
+        try:
+            budget_of(method)
+        except ValueError as err:
+            cli.refuse(ap, "--methods", str(err))
+    # A repeat would decode (and report) the same method twice; a dtype twice would load the models again.
+    for flag, values in (("--methods", args.methods), ("--dtypes", args.dtypes)):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            cli.refuse(ap, flag, f"lists {', '.join(repeated)} more than once")
+    if not needs_drafter(args.methods) and args.draft_model_dir is not None:
+        cli.refuse(ap, "--draft_model_dir", "applies to the speculative methods (chain, ddtree:N, auto): "
+                                            "--methods ar loads no drafter")
     return args
 
 
+def needs_drafter(methods: list[str]) -> bool:
+    return any(method != "ar" for method in methods)
+
+
 def budget_of(method: str) -> int | None:
+    """The method's DDTree budget (0: AR or the chain; None: the cost-aware tree); ValueError for an unknown one."""
     if method in ("ar", "chain"):
         return 0
     if method == "auto":
         return None
     name, _, value = method.partition(":")
-    if name != "ddtree" or not value.isdigit() or int(value) < 1:
-        raise SystemExit(f"unknown method {method!r}: ar, chain, ddtree:N or auto")
+    if name != "ddtree" or not value.isdigit() or not 1 <= int(value) <= MAX_DDTREE_BUDGET:
+        raise ValueError(f"unknown method {method!r}: {METHOD_SYNTAX}, N in 1..{MAX_DDTREE_BUDGET}")
     return int(value)
 
 
@@ -112,7 +147,8 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 def measure(model: Any, drafter: Any, method: str, prompts: list[list[int]], new: int, batch: int,
             ar: list[list[int]] | None) -> tuple[dict[str, Any], list[list[int]]]:
-    """(figures, the solo outputs) of one method; ``ar``: AR's solo outputs (None: this is AR)."""
+    """(figures, the solo outputs) of one method; ``ar``: AR's solo outputs (None: AR was not measured, or this is
+    AR)."""
     speculative = method != "ar"
     budget = budget_of(method)
     start = time.perf_counter()
@@ -124,26 +160,59 @@ def measure(model: Any, drafter: Any, method: str, prompts: list[list[int]], new
     differs = [first_difference(s, b) for s, b in zip(solo, batched)]
     result = {"rows": len(prompts), "batched_differs_from_solo": sum(d is not None for d in differs),
               "first_difference": differs, "seconds": time.perf_counter() - start}
-    reference = ar if ar is not None else solo
-    result["solo_differs_from_ar"] = sum(first_difference(s, a) is not None for s, a in zip(solo, reference))
-    result["batched_differs_from_ar"] = sum(first_difference(b, a) is not None for b, a in zip(batched, reference))
+    if method == "ar":
+        ar = solo
+    # Without ar among the methods there is nothing to compare with: null, not a count against the method itself.
+    result["solo_differs_from_ar"] = (None if ar is None else
+                                      sum(first_difference(s, a) is not None for s, a in zip(solo, ar)))
+    result["batched_differs_from_ar"] = (None if ar is None else
+                                         sum(first_difference(b, a) is not None for b, a in zip(batched, ar)))
     return result, solo
+
+
+def _count(value: int | None, rows: int) -> str:
+    return "-" if value is None else f"{value}/{rows}"
+
+
+def check_prompts_fit(prompts: list[list[int]], max_new_tokens: int, model: Any) -> None:
+    """Every prompt and its --max_new_tokens within the target's context, before the first decode (a prompt that
+    does not fit would otherwise stop the run after the logits phase and the methods before it)."""
+    for index, prompt in enumerate(prompts):
+        try:
+            check_prompt_fits(len(prompt), max_new_tokens, max_positions(model))
+        except DFlashInputError as err:
+            raise DFlashInputError(f"prompt {index} does not fit --max_new_tokens: {err}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return run_measurements(args)
+    except DFlashError as err:  # a model that does not load or fit, a prompt too long for the target
+        cli.print_error(err)
+        return 2
+
+
+def run_measurements(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     report: dict[str, Any] = {"command": " ".join(sys.argv), "machine": {"cpu": cpu_model(), "python":
                               platform.python_version(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                               "device": args.device}, "batch": args.batch, "max_new_tokens": args.max_new_tokens,
                               "results": {}}
-    draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir, "measure --methods ar only")
+    draft_dir = None
+    if needs_drafter(args.methods):
+        draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir, "measure --methods ar only")
+        DFlashDraftConfig.from_pretrained(draft_dir)  # a malformed drafter is refused before the target loads
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=args.device)
-        drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
+        drafter = None
+        if draft_dir is not None:
+            drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=args.device)
+            check_drafter_fits(drafter, model)
         prompts = prompts_for(tokenizer, args.num_prompts)
+        check_prompts_fit(prompts, args.max_new_tokens, model)
         ar_solo = None
         results = report["results"].setdefault(dtype_name, {})
         results["logits"] = logit_difference(model, prompts, args.batch)
@@ -156,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                 ar_solo = solo
             line = results[method]
             print(f"{dtype_name:9s} {method:10s} batched != solo: {line['batched_differs_from_solo']}/{line['rows']}"
-                  f"  solo != AR: {line['solo_differs_from_ar']}/{line['rows']}"
-                  f"  batched != AR: {line['batched_differs_from_ar']}/{line['rows']}"
+                  f"  solo != AR: {_count(line['solo_differs_from_ar'], line['rows'])}"
+                  f"  batched != AR: {_count(line['batched_differs_from_ar'], line['rows'])}"
                   f"  first differences {line['first_difference']}  ({line['seconds']:.0f} s)", flush=True)
         if args.output_json:
             atomic_write_json(args.output_json, report)

@@ -132,7 +132,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(set(args.concurrency)) != len(args.concurrency):
         cli.refuse(ap, "--concurrency", f"names a level twice: {args.concurrency}")
     cli.require_module(ap, "--methods", "openai", "pip install -r requirements-dev.txt")
+    absolute_paths(args)
     return args
+
+
+def absolute_paths(args: argparse.Namespace) -> None:
+    """The user's paths made absolute: the servers and the run.py reference run in ROOT (``cwd=ROOT``), where a path
+    relative to the user's directory would name something else or nothing. The built-in prompt sets keep their
+    names."""
+    from tensorrt_llm_dflash.bench import CHAT, HUMANEVAL
+
+    for name in ("target_model_dir", "draft_model_dir", "output_json"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(args, name, os.path.abspath(value))
+    args.datasets = [d if d in (HUMANEVAL, CHAT) else os.path.abspath(d) for d in args.datasets]
 
 
 # ------------------------------------------------------------------------------------- prompts

@@ -11,8 +11,15 @@ default (exactly what examples/run.py does with no decoding flags; results.json 
 what it resolved to), and the graph-ready runtime: ar-graph, dflash-graph, ddtree-graph:B
 (static state; CUDA graphs on CUDA), hf-static (transformers generate over its static cache).
 
-On a GPU:  python examples/benchmark.py --device cuda --methods ar ar-graph hf-static default \
-               dflash-graph ddtree-graph:16 ddtree-graph:32 --output_dir bench/gpu Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
+On a GPU:
+
+    python examples/benchmark.py --device cuda --methods ar ar-graph hf-static default \\
+        dflash-graph ddtree-graph:16 ddtree-graph:32 --output_dir bench/gpu
+
+LoRA-inject (docs/lora_inject.md): --lora_inject_dir DIR adds lora_inject and lora_inject_ddtree:B, which draft
+with that adapter alone (no --draft_model_dir).
+
+Writes DIR/results.json, DIR/results.md and PNG plots. At T=0 every
 output is compared with the AR output; a mismatch is printed and the exit code is 1.
 Exit code 2: bad input or a missing model.
 """
@@ -20,6 +27,7 @@ Exit code 2: bad input or a missing model.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -71,12 +79,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.parsed_methods = bench.parse_methods(args.methods)
     except DFlashInputError as err:
         cli.refuse(ap, "--methods", str(err))
+    if args.draft_model_dir is not None and not bench.needs_dflash_drafter(args.parsed_methods):
+        cli.refuse(ap, "--draft_model_dir", "no method given drafts with it (ar, hf, pld, ar-graph and hf-static use "
+                                            "no drafter; the lora_inject methods draft with --lora_inject_dir)")
     if args.dataset not in (bench.HUMANEVAL, bench.CHAT):
         try:
             cli.existing_file(args.dataset)
         except argparse.ArgumentTypeError as err:
             cli.refuse(ap, "--dataset", f"is neither 'humaneval', 'chat' nor a JSONL file: {err}")
     return args
+
+
+def absolute(path: str | None) -> str | None:
+    return None if path is None else os.path.abspath(path)
+
+
+def absolute_paths(args: argparse.Namespace) -> dict[str, str | None]:
+    """The path arguments, absolute; a built-in prompt set keeps its name."""
+    from tensorrt_llm_dflash import bench
+
+    paths = {name: absolute(getattr(args, name))
+             for name in ("target_model_dir", "draft_model_dir", "lora_inject_dir", "output_dir")}
+    paths["dataset"] = args.dataset if args.dataset in (bench.HUMANEVAL, bench.CHAT) else absolute(args.dataset)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         # Checked before anything heavy is loaded.
         draft_dir = (resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
                                          "pass --draft_model_dir, or benchmark only --methods ar hf pld")
-                     if bench.needs_drafter(methods) else None)
+                     if bench.needs_dflash_drafter(methods) else None)
         if args.threads:
             torch.set_num_threads(args.threads)
         warning = low_precision_warning(args.dtype, any(not bench.METHOD_KINDS[m.kind].autoregressive
@@ -126,9 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             "command": command,
             "git_commit": bench.git_commit(),
             "machine": bench.machine_info(args.threads),
-            "config": {**{k: v for k, v in vars(args).items() if k != "parsed_methods"}, "num_prompts": len(prompt_ids), "chat_template": not args.no_chat_template,
-                       "target": args.target_model_dir or "embedded SmolLM2-135M-Instruct", "drafter": draft_dir,
-                       "stop_token_ids": ctx.stop_token_ids, "prompt_tokens": [len(p) for p in prompt_ids]},
+            # Paths absolute (the command keeps them as typed): copy_split.py and others read them from anywhere.
+            "config": {**{k: v for k, v in vars(args).items() if k != "parsed_methods"}, **absolute_paths(args),
+                       "num_prompts": len(prompt_ids), "chat_template": not args.no_chat_template,
+                       "target": absolute(args.target_model_dir) or "embedded SmolLM2-135M-Instruct",
+                       "drafter": absolute(draft_dir), "stop_token_ids": ctx.stop_token_ids,
+                       "prompt_tokens": [len(p) for p in prompt_ids]},
         }
         written = bench.write_results(args.output_dir, summary, records, run_info)
     except DFlashError as err:

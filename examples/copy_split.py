@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.bench import (  # noqa: E402
+    CHAT,
+    HUMANEVAL,
     RequestRecord,
     copyable_steps,
     encode_prompt,
@@ -51,6 +53,13 @@ def split(path: str) -> list[tuple[str, dict[str, Any]]]:
         records = {label: [RequestRecord(**row) for row in rows] for label, rows in doc["per_prompt"].items()}
     except (TypeError, AttributeError) as err:
         raise DFlashInputError(f"{path}: per_prompt holds malformed records ({err})") from None
+    # examples/benchmark.py stores these absolute; older runs stored them as typed, relative to where they ran.
+    for key in ("target_model_dir", "dataset"):
+        value = cfg.get(key)
+        if isinstance(value, str) and value not in (HUMANEVAL, CHAT) and not Path(value).is_absolute() \
+                and not Path(value).exists():
+            raise DFlashInputError(f"{path}: config.{key} {value!r} is relative to the directory the benchmark ran "
+                                   "in (a run older than absolute paths): run copy_split.py from there")
     tokenizer = load_tokenizer(cfg.get("target_model_dir"))
     prompts = [encode_prompt(tokenizer, p, cfg["chat_template"])
                for p in load_prompts(cfg["dataset"], cfg["num_prompts"])]

@@ -38,7 +38,8 @@ tests (tests/test_plugins_*.py, if pytest is installed) run against the fresh bu
 
 Every sub-check is recorded in one JSON file (``--json``, default ``<--out>/gpu_check.json``, rewritten after each
 check) with one summary line per figure on stdout; a failing check is recorded and the run goes on; the exit code
-is 1 if any check failed.
+is 1 if any check failed. The file says ``"complete": true`` only once every check has run, and ``"ok": true`` only
+then (and with none failed): the file a run cut short leaves behind never reads as a pass.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from tensorrt_llm_dflash import fused_tree, kernels  # noqa: E402
+from tensorrt_llm_dflash import cli, fused_tree, kernels  # noqa: E402
 from tensorrt_llm_dflash.assets import DEMO_DRAFTER_DIR  # noqa: E402
 from tensorrt_llm_dflash.config import DFlashDraftConfig, build_target_layer_ids  # noqa: E402
 from tensorrt_llm_dflash.decode import GenerationResult, speculative_generate  # noqa: E402
@@ -149,9 +150,11 @@ class Report:
     def failed(self) -> list[str]:
         return [c.name for c in self.checks if c.status == "FAIL"]
 
-    def write(self) -> None:
-        data = {**self.meta, "seconds": time.perf_counter() - self.start, "failed": self.failed(),
-                "ok": not self.failed(), "checks": [vars(c) for c in self.checks]}
+    def write(self, complete: bool = False) -> None:
+        """``complete``: the run's last write, after every check. The writes after each check say false, and so
+        is their ``ok``: a run cut short (a GPU run's time limit, a kill) must not read as a pass."""
+        data = {**self.meta, "seconds": time.perf_counter() - self.start, "complete": complete,
+                "failed": self.failed(), "ok": complete and not self.failed(), "checks": [vars(c) for c in self.checks]}
         atomic_write_json(self.path, _json_safe(data))
 
 
@@ -1052,42 +1055,57 @@ def run_plugin_kernels(library: Path, device: torch.device, trees: int = 64) -> 
 # ------------------------------------------------------------------------------------------------ main
 
 
+#: The largest figures accepted on the command line (a GPU run's time is short; the target's limit applies too).
+MAX_NEW_TOKENS, MAX_PROMPT_LEN, MAX_REPEATS = 1 << 16, 1 << 16, 10_000
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", type=cli.device, default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="cpu, cuda or cuda:N (default: cuda where torch sees one)")
     ap.add_argument("--tiny", action="store_true", help="tiny random targets and drafters (the CPU test's sizes)")
     ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), choices=METHODS)
     ap.add_argument("--targets", nargs="+", default=None, help="target shapes to run (default: both)")
-    ap.add_argument("--max_new_tokens", type=int, default=None, help="tokens per request (default 64; --tiny 8)")
-    ap.add_argument("--prompt_len", type=int, default=None, help="prompt tokens (default 96; --tiny 24)")
-    ap.add_argument("--repeats", type=int, default=None, help="timed steps per ms-per-stage figure (default 5; --tiny 1)")
+    # None, not 0, stands for the default: a 0 given is refused by its range, never turned into the default.
+    ap.add_argument("--max_new_tokens", type=cli.integer(2, MAX_NEW_TOKENS), default=None,
+                    help="tokens per request (default 64; --tiny 8)")
+    ap.add_argument("--prompt_len", type=cli.integer(2, MAX_PROMPT_LEN), default=None,
+                    help="prompt tokens (default 96; --tiny 24)")
+    ap.add_argument("--repeats", type=cli.integer(1, MAX_REPEATS), default=None,
+                    help="timed steps per ms-per-stage figure (default 5; --tiny 1)")
     ap.add_argument("--plugins", choices=["auto", "on", "off"], default="auto",
                     help="build and check the plugin library (auto: when CUDA, nvcc and cmake are there)")
-    ap.add_argument("--plugins_dir", default=None,
+    ap.add_argument("--plugins_dir", type=cli.output_dir, default=None,
                     help="build the plugin library here and keep it (default: a scratch folder, removed at the end); "
                          "point DFLASH_PLUGIN_LIB at it to run the runtime with it afterwards")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=cli.threads, default=None,
                     help="torch CPU threads (default: torch's; --tiny on a CPU: 1, faster for tiny models)")
-    ap.add_argument("--out", default="gpu_check_out", help="directory for the JSON file and scratch files")
+    ap.add_argument("--out", type=cli.output_dir, default="gpu_check_out",
+                    help="directory for the JSON file and scratch files")
     ap.add_argument("--json", default=None, help="the JSON file (default <--out>/gpu_check.json)")
     args = ap.parse_args(argv)
-    args.max_new_tokens = args.max_new_tokens or (8 if args.tiny else 64)
-    args.prompt_len = args.prompt_len or (24 if args.tiny else 96)
-    args.repeats = args.repeats or (1 if args.tiny else 5)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = 8 if args.tiny else 64
+    if args.prompt_len is None:
+        args.prompt_len = 24 if args.tiny else 96
+    if args.repeats is None:
+        args.repeats = 1 if args.tiny else 5
     if args.threads is None and args.tiny and args.device == "cpu":
         args.threads = 1
-    if args.max_new_tokens < 2:
-        ap.error(f"--max_new_tokens must be >= 2, got {args.max_new_tokens}")
-    if args.prompt_len < 2:
-        ap.error(f"--prompt_len must be >= 2, got {args.prompt_len}")
+    if args.json is not None:
+        # Its directory is created (as the default's, under --out): checked like a directory that may not exist yet.
+        if Path(args.json).is_dir():
+            cli.refuse(ap, "--json", f"{args.json!r} is a directory")
+        try:
+            cli.output_dir(str(Path(args.json).parent))
+        except argparse.ArgumentTypeError as err:
+            cli.refuse(ap, "--json", f"its directory: {err}")
     names = [s.name for s in shapes(args.tiny)]
     args.targets = args.targets or names
     unknown = [t for t in args.targets if t not in names]
     if unknown:
-        ap.error(f"--targets: unknown {unknown} (here: {names})")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        ap.error("--device cuda: torch sees no CUDA device")
+        cli.refuse(ap, "--targets", f"unknown {unknown} (here: {names})")
     return args
 
 
@@ -1121,7 +1139,7 @@ def main(argv: list[str] | None = None) -> int:
         cuda_library = check_plugins(report, device, args.plugins, build)
         check_fused_tree(report, device, args, cuda_library, Path(scratch))
         check_plugin_tests(report, cuda_library)
-    report.write()
+    report.write(complete=True)
     failed = report.failed()
     skipped = sum(c.status == "skip" for c in report.checks)
     print(f"gpu_check: {len(report.checks)} checks, {len(failed)} failed, {skipped} skipped, "

@@ -136,11 +136,13 @@ def profile_method(model, drafter, method: str, prompt: list[int], new_tokens: i
     result = decoder.generate(prompt, new_tokens)
     stats = result.stats
     steps = max(stats.steps, 1)
+    # Tokens committed per decode step, the prefill's token not counted: tau as examples/benchmark.py (bench.py's
+    # tau_mean) and examples/bench_serve.py define it, so AR's is exactly 1. Also what a step of a fixed-size tree
+    # delivers (accepted_per_step, which --batch_costs reads).
+    tau = sum(stats.acceptance_lengths) / steps
     return {
         "method": method, "tok_per_s": stats.new_tokens / stats.total_seconds, "steps": stats.steps,
-        "tau": stats.new_tokens / steps,
-        # Committed per decode step (the prefill's token not counted): what a step of a fixed-size tree delivers.
-        "accepted_per_step": sum(stats.acceptance_lengths) / steps, "tree_sizes": sorted(set(stats.tree_sizes)),
+        "tau": tau, "accepted_per_step": tau, "tree_sizes": sorted(set(stats.tree_sizes)),
         "stage_ms_per_step": {k: 1000 * stats.stage_seconds.get(k, 0.0) / steps for k in STEP_STAGES},
         "prefill_ms": 1000 * stats.stage_seconds.get("prefill", 0.0),
         "capture_s": decoder.capture_seconds, "capture_mib": decoder.capture_bytes / 2**20, "prepare_s": prepare_s,

@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,7 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from tensorrt_llm_dflash import cli  # noqa: E402
 from tensorrt_llm_dflash.compat import chat_token_ids, crop_cache  # noqa: E402
+from tensorrt_llm_dflash.errors import DFlashError, DFlashInputError  # noqa: E402
+from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
 
 PROMPT = '''Complete the following Python function. Return only the code.
 
@@ -66,19 +70,65 @@ def truncate_number(number: float) -> float:
 DEMO_LAYER_IDS = "1,8,14,20,27"
 
 
+#: The largest tree profiled: the DDTree's node budget limit, plus its root.
+MAX_NODES = MAX_DDTREE_BUDGET + 1
+MAX_REPS = 1_000_000
+#: Longest context accepted on the command line; the target's own limit is checked after loading.
+MAX_CONTEXT_TOKENS = 1 << 20
+
+
+def int_list(low: int, high: int, empty: bool) -> Callable[[str], list[int]]:
+    """Comma-separated integers in low..high, none twice (``empty``: '' is the empty list)."""
+    item = cli.integer(low, high)
+
+    def parse(text: str) -> list[int]:
+        values = [item(part) for part in text.split(",") if part.strip() or not empty]
+        if not values and not empty:
+            raise argparse.ArgumentTypeError(f"needs at least one integer in {low}..{high}, got {text!r}")
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(f"lists {', '.join(map(str, repeated))} more than once")
+        return values
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target_model_dir", default=None, help="HF dir or .gguf (default: embedded SmolLM2)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    ap.add_argument("--nodes", default="1,9,33", help="tree sizes, comma-separated")
-    ap.add_argument("--reps", type=int, default=30, help="timed repetitions per case")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--context_tokens", type=int, default=None,
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target_model_dir", type=cli.existing_path, default=None,
+                    help="HF dir or .gguf (default: embedded SmolLM2)")
+    ap.add_argument("--threads", type=cli.threads, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--nodes", type=int_list(1, MAX_NODES, empty=False), default="1,9,33",
+                    help=f"tree sizes, comma-separated, each in 1..{MAX_NODES}")
+    ap.add_argument("--reps", type=cli.integer(1, MAX_REPS), default=30, help="timed repetitions per case")
+    ap.add_argument("--warmup", type=cli.integer(0, MAX_REPS), default=3)
+    ap.add_argument("--context_tokens", type=cli.integer(1, MAX_CONTEXT_TOKENS), default=None,
                     help="cut or repeat the prompt to this many tokens (default: the prompt as is)")
-    ap.add_argument("--layer_ids", default=DEMO_LAYER_IDS, help="captured layers ('' for none)")
+    ap.add_argument("--layer_ids", type=int_list(0, 1 << 16, empty=True), default=DEMO_LAYER_IDS,
+                    help=f"captured layers, comma-separated ('' for none; default {DEMO_LAYER_IDS}: the shipped "
+                         "drafter's, which fit SmolLM2-135M's 30 layers)")
     ap.add_argument("--no_breakdown", action="store_true", help="only the plain wall times")
     ap.add_argument("--compare", action="store_true", help="reference path vs fast path, interleaved")
     return ap.parse_args(argv)
+
+
+def check_fits(model, args: argparse.Namespace, context: int) -> None:
+    """What only the loaded target can tell: the captured layers exist, the largest tree's distinct tokens fit the
+    vocabulary, and the context plus that tree fits the target's positions."""
+    from tensorrt_llm_dflash.target import max_positions
+
+    layers = int(model.config.num_hidden_layers)
+    bad = [i for i in args.layer_ids if i >= layers]
+    if bad:
+        raise DFlashInputError(f"--layer_ids {','.join(map(str, args.layer_ids))}: {bad} outside the target's layers "
+                               f"0..{layers - 1} (give layers of this target, or '' for none)")
+    vocab, largest = int(model.config.vocab_size), max(args.nodes)
+    if max(4, largest) > vocab:
+        raise DFlashInputError(f"--nodes {largest}: a tree of that size draws {max(4, largest)} distinct tokens per "
+                               f"depth, more than the target's vocabulary of {vocab}")
+    if context + largest > max_positions(model):
+        raise DFlashInputError(f"--context_tokens {context} + a tree of {largest} nodes (--nodes) exceeds the "
+                               f"target's max_position_embeddings={max_positions(model)}")
 
 
 # --------------------------------------------------------------------------- trees
@@ -252,6 +302,14 @@ ROW_ORDER = [
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return profile(args)
+    except DFlashError as err:  # a target that does not load, or that the flags do not fit
+        cli.print_error(err)
+        return 2
+
+
+def profile(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
@@ -261,11 +319,11 @@ def main(argv: list[str] | None = None) -> int:
     ids = chat_token_ids(tokenizer, [{"role": "user", "content": PROMPT}])
     if args.context_tokens:
         ids = (ids * (args.context_tokens // len(ids) + 1))[: args.context_tokens]
-    layer_ids = [int(x) for x in args.layer_ids.split(",") if x.strip()]
+    check_fits(model, args, len(ids))
+    layer_ids = args.layer_ids
     verifier = HFTargetVerifier(model, layer_ids)
     verifier.prefill(ids)
-    sizes = [int(x) for x in args.nodes.split(",")]
-    trees = make_trees(sizes, int(model.config.vocab_size))
+    trees = make_trees(args.nodes, int(model.config.vocab_size))
     layers = len(verifier._layers)
     print(f"target: {model.config.model_type}, {layers} layers, hidden {model.config.hidden_size}, "
           f"vocab {model.config.vocab_size}, {model.dtype}; context {len(ids)} tokens; "
@@ -285,11 +343,11 @@ def main(argv: list[str] | None = None) -> int:
             verifier.fast = fast
             for case, tree in trees.items():
                 tc, tv, lg = verify_once(verifier, tree)
+                if rep == 0:  # whatever --warmup is (0: the first pass is timed too)
+                    logits[vname, case] = lg.clone()
                 if rep >= args.warmup:
                     wall[vname, case].append(tv)
                     compile_s[vname, case].append(tc)
-                elif rep == 0:
-                    logits[vname, case] = lg.clone()
     print(f"\nverify wall time, median of {args.reps} (ms); (x) = ratio to n=1 of the same variant")
     others = [v for v, _ in variants[1:]] if args.compare else []
     head = f"{'case':<10}" + "".join(f"{v:>22}" for v, _ in variants)

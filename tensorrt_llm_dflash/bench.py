@@ -110,6 +110,9 @@ class MethodKind:
     make_policy: Callable[[BenchContext, Method, Any, Any], Any] | None = None
     #: What the method is, in words (results.json; ``default`` says what it resolved to).
     describe: Callable[[Method], str] | None = None
+    #: Its proposer reads the DFlash drafter the harness loads (``BenchContext.drafter``, ``--draft_model_dir``).
+    #: False for a speculative kind that loads a drafter of its own (the LoRA-inject kinds: ``--lora_inject_dir``).
+    needs_dflash_drafter: bool = True
 
 
 def no_param(kind: str) -> Callable[[str | None], None]:
@@ -203,7 +206,14 @@ def method_syntax() -> list[str]:
 
 
 def needs_drafter(methods: Sequence[Method]) -> bool:
+    """Some method drafts (a speculative kind, whatever its drafter)."""
     return any(METHOD_KINDS[m.kind].build_proposer is not None for m in methods)
+
+
+def needs_dflash_drafter(methods: Sequence[Method]) -> bool:
+    """Some method drafts with the DFlash drafter the harness loads (``--draft_model_dir``, or the demo drafter)."""
+    return any(METHOD_KINDS[m.kind].build_proposer is not None and METHOD_KINDS[m.kind].needs_dflash_drafter
+               for m in methods)
 
 
 # ---------------------------------------------------------------------------- prompts
@@ -663,11 +673,12 @@ def register_lora_inject(draft_dir: str | Path, context: str = "auto") -> None:
     def run(ctx: BenchContext, method: Method, prompt_ids: list[int], seed: int) -> RequestRecord:
         return run_runtime(ctx, method, prompt_ids, seed, make_verifier=build_verifier)
 
+    # The adapter is the drafter: no DFlash drafter is loaded for these.
     register_method("lora_inject", MethodKind(run, no_param("lora_inject"), build_proposer=make_proposer,
-                                              budget_family="LoRA-inject"))
+                                              budget_family="LoRA-inject", needs_dflash_drafter=False))
     register_method("lora_inject_ddtree", MethodKind(run, budget_param("lora_inject_ddtree", "lora_inject"),
                                                      build_proposer=make_proposer, budget=lambda m: m.param,
-                                                     budget_family="LoRA-inject"))
+                                                     budget_family="LoRA-inject", needs_dflash_drafter=False))
 
 
 def run_benchmark(ctx: BenchContext, methods: Sequence[Method], prompts: Sequence[list[int]],

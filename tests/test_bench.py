@@ -860,3 +860,80 @@ def test_auto_graph_reports_drafted_steps_and_lookup_tokens(tiny_pair, tmp_path,
     auto = summary["methods"]["auto-graph"]
     assert 0 < auto["drafted_step_share"] <= 1 and 0 <= auto["lookup_token_share"] <= 1
     assert all(len(r.drafted) == len(r.acceptance_lengths) for r in records["auto-graph"])
+
+
+# ---------------------------------------------------------------------------- LoRA-inject, paths, --help
+
+
+def test_lora_inject_methods_need_no_dflash_drafter(tmp_path, capsys, monkeypatch):
+    """--methods ar lora_inject with a target of one's own and --lora_inject_dir (docs/lora_inject.md): the adapter is
+    the drafter, so no --draft_model_dir is asked for and no DFlash drafter is loaded or recorded; one given anyway
+    is refused as unused."""
+    import benchmark
+    from tiny_models import tiny_target
+
+    from tensorrt_llm_dflash.lora_inject import DFlashLoRAInjectDraftModel, LoRAInjectConfig
+
+    monkeypatch.setattr(bench, "METHOD_KINDS", dict(bench.METHOD_KINDS))  # --lora_inject_dir registers methods
+    target = tiny_target("qwen3", seed=3, vocab=48, layers=4, hidden=32)
+    target_dir = save_tiny_target_dir(target, tmp_path / "target")
+    config = LoRAInjectConfig.for_target(target, 4, 47, lora_rank=4, lora_alpha=8.0)
+    DFlashLoRAInjectDraftModel(target, config).save_pretrained(tmp_path / "adapter")
+    data = write_lines(tmp_path, [json.dumps({"prompt": "w7 w9 w4 w7 w9 w4"})])
+    out = tmp_path / "out"
+    argv = ["--dataset", str(data), "--num_prompts", "1", "--max_output_len", "4", "--target_model_dir",
+            str(target_dir), "--lora_inject_dir", str(tmp_path / "adapter"), "--methods", "ar", "lora_inject",
+            "--no_progress", "--no_warmup", "--output_dir", str(out)]
+    assert benchmark.main(argv) == 0, capsys.readouterr().err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["drafter"] is None and doc["all_outputs_match"] is True
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.parse_args([*argv, "--draft_model_dir", str(tmp_path / "adapter")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "argument --draft_model_dir: no method given drafts with it" in err, err
+
+
+def test_results_store_absolute_paths_so_copy_split_works_from_anywhere(tiny_pair, tmp_path, capsys, monkeypatch):
+    """Paths typed relative to the run's directory are stored absolute in results.json's config (the command keeps
+    them as typed), so copy_split.py finds the tokenizer and prompts from another directory."""
+    import benchmark
+    from example_cli import load_example
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+
+    target, drafter = tiny_pair
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    save_tiny_target_dir(target, run_dir / "target")
+    save_dflash_drafter(drafter, run_dir / "drafter", dtype=target.dtype)
+    write_lines(run_dir, [json.dumps({"prompt": "w7 w9 w4 w7 w9 w4"}), json.dumps({"prompt": "w6 w8"})])
+    monkeypatch.chdir(run_dir)
+    argv = ["--dataset", "prompts.jsonl", "--num_prompts", "2", "--max_output_len", "4", "--dtype", "float64",
+            "--target_model_dir", "target", "--draft_model_dir", "drafter", "--methods", "ar", "dflash",
+            "--no_progress", "--no_warmup", "--output_dir", "out"]
+    assert benchmark.main(argv) == 0, capsys.readouterr().err
+    doc = json.loads((run_dir / "out" / "results.json").read_text())
+    config = doc["config"]
+    assert config["dataset"] == str(run_dir / "prompts.jsonl") and config["target_model_dir"] == str(run_dir / "target")
+    assert config["draft_model_dir"] == config["drafter"] == str(run_dir / "drafter")
+    assert config["target"] == str(run_dir / "target") and config["output_dir"] == str(run_dir / "out")
+    assert doc["command"] == "python examples/benchmark.py " + " ".join(argv)  # as typed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert load_example("copy_split").main([str(run_dir / "out" / "results.json")]) == 0
+    assert "| dflash |" in capsys.readouterr().out
+
+
+def test_help_shows_the_gpu_command_apart_from_the_prose(capsys):
+    """The docstring's 'On a GPU' command ends on its own line (a bare backslash at a line's end in a non-raw
+    docstring joined it with the next sentence)."""
+    import benchmark
+
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--help"])
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    command = next(i for i, line in enumerate(lines) if line.startswith("python examples/benchmark.py --device cuda"))
+    assert lines[command].endswith("\\") and lines[command + 1] == ("dflash-graph ddtree-graph:16 ddtree-graph:32 "
+                                                                     "--output_dir bench/gpu")

@@ -3,7 +3,9 @@
 examples/run.py (engine flags without the trt backend, a budget without a drafter, an output too long for the
 target), examples/profile_graphed.py (every flag checked at parse time, a drafter only when one is profiled, targets
 without a chat template), examples/compare_runs.py and examples/copy_split.py (files that are not a benchmark's
-results, runs with nothing to compare).
+results, runs with nothing to compare), examples/batch_invariance.py (every flag, a drafter only for the speculative
+methods, prompts that do not fit), examples/heldout_tau.py (drafters checked before the data stage, a work dir made
+for another target or length) and examples/profile_verify.py (every flag, layers the target does not have).
 """
 
 from __future__ import annotations
@@ -286,3 +288,202 @@ def test_copy_split_refuses_results_without_their_config_before_the_tokenizer(tm
     results = _results(tmp_path / "results.json", ["dflash"])  # per_prompt alone: no "config"
     line = _one_line_refusal(lambda: split.main([results]), capsys)
     assert line.startswith(f"argument results: {results}: has no \"config\""), line
+
+
+# ---------------------------------------------------------------------------- examples/batch_invariance.py
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--device", "tpu"], "--device"),
+    (["--target_model_dir", "{missing}"], "--target_model_dir"),
+    (["--draft_model_dir", "{missing}"], "--draft_model_dir"),
+    (["--output_json", "{missing}/x.json"], "--output_json"),
+    (["--output_json", "{target}"], "--output_json"),
+    (["--methods", "ddtree:x"], "--methods"),
+    (["--methods", "ddtree:0"], "--methods"),
+    (["--methods"], "--methods"),
+    (["--methods", "ar", "ar"], "--methods"),
+    (["--dtypes", "float32", "float32"], "--dtypes"),
+    (["--threads", "0"], "--threads"),
+    (["--threads", "-2"], "--threads"),
+    (["--num_prompts", "0"], "--num_prompts"),
+    (["--batch", "1"], "--batch"),
+    # AR alone loads no drafter, so a drafter given for it would be ignored.
+    (["--methods", "ar", "--draft_model_dir", "{drafter}"], "--draft_model_dir"),
+])
+def test_batch_invariance_refuses_every_bad_flag_before_any_load(argv, flag, dirs, no_model_loads, capsys,
+                                                                 monkeypatch):
+    module = load_example("batch_invariance")
+    _stub_module_loaders(module, monkeypatch)
+    argv = [a.format(missing=dirs / "missing", target=dirs / "target", drafter=dirs / "drafter") for a in argv]
+    line = _one_line_refusal(lambda: module.main(argv), capsys)
+    assert line.startswith(f"argument {flag}: "), line
+
+
+@pytest.fixture(scope="module")
+def long_context_dirs(tmp_path_factory):
+    """A tiny target with room for HumanEval prompts (one token per character) and a drafter made for it."""
+    import torch
+    from tiny_models import tiny_drafter
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.target import load_target
+
+    root = tmp_path_factory.mktemp("long_context")
+    target_dir = save_tiny_target_dir(root / "target", arch="qwen3", seed=2, layers=2, max_positions=2048)
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    save_dflash_drafter(tiny_drafter(model, block_size=4, seed=2), root / "drafter", dtype=torch.float32)
+    return target_dir, root / "drafter"
+
+
+def test_batch_invariance_ar_alone_loads_no_drafter(long_context_dirs, tmp_path, monkeypatch):
+    """--methods ar with a target of one's own: no --draft_model_dir is asked for and no drafter loads."""
+    module = load_example("batch_invariance")
+    monkeypatch.setattr(module, "load_dflash_drafter", _trap)
+    out = tmp_path / "report.json"
+    assert module.main(["--target_model_dir", str(long_context_dirs[0]), "--methods", "ar", "--num_prompts", "2",
+                        "--max_new_tokens", "3", "--batch", "2", "--threads", "1", "--output_json", str(out)]) == 0
+    ar = json.loads(out.read_text())["results"]["float32"]["ar"]
+    assert ar["solo_differs_from_ar"] == 0 and ar["batched_differs_from_ar"] == ar["batched_differs_from_solo"]
+
+
+def test_batch_invariance_without_ar_reports_no_comparison_with_it(long_context_dirs, tmp_path, capsys):
+    """AR not among the methods: the AR columns are null in the JSON and '-' on stdout, not the method compared with
+    its own solo output (always 0)."""
+    module = load_example("batch_invariance")
+    target_dir, drafter_dir = long_context_dirs
+    out = tmp_path / "report.json"
+    assert module.main(["--target_model_dir", str(target_dir), "--draft_model_dir", str(drafter_dir),
+                        "--methods", "chain", "--num_prompts", "2", "--max_new_tokens", "3", "--batch", "2",
+                        "--threads", "1", "--output_json", str(out)]) == 0
+    chain = json.loads(out.read_text())["results"]["float32"]["chain"]
+    assert chain["solo_differs_from_ar"] is None and chain["batched_differs_from_ar"] is None
+    assert chain["rows"] == 2 and chain["batched_differs_from_solo"] is not None
+    assert "solo != AR: -  batched != AR: -" in capsys.readouterr().out
+
+
+def test_batch_invariance_refuses_a_prompt_too_long_before_decoding(tiny_target_dir, monkeypatch, capsys):
+    """The 512-position tiny target cannot hold a HumanEval prompt and 400 tokens: one line, exit 2, before the
+    logits phase (not a traceback after it)."""
+    module = load_example("batch_invariance")
+    monkeypatch.setattr(module, "logit_difference", _trap)
+    assert module.main(["--target_model_dir", str(tiny_target_dir), "--methods", "ar", "--num_prompts", "2",
+                        "--max_new_tokens", "400", "--batch", "2", "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: prompt 0 does not fit --max_new_tokens: ") and "max_position_embeddings=512" in err
+
+
+# ---------------------------------------------------------------------------- examples/heldout_tau.py
+
+
+@pytest.fixture(scope="module")
+def other_layers_drafter(dirs):
+    """The shipped drafter's config, reading other target layers."""
+    path = dirs / "other_layers_drafter"
+    if not path.exists():
+        path.mkdir()
+        config = json.loads(SHIPPED_DRAFTER_CONFIG.read_text())
+        config["dflash_config"]["target_layer_ids"] = [2, 9, 15, 21, 28]
+        (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--drafters", "a={drafter}", "b={missing}"], "argument --drafters: b: "),
+    (["--drafters", "a={drafter}", "b={a_file}"], "argument --drafters: b: "),
+    (["--drafters", "a={drafter}", "b={target}"], "argument --drafters: b: "),  # a directory without config.json
+    (["--drafters", "a={drafter}", "a={drafter}"], "argument --drafters: names 'a' twice"),
+    (["--drafters", "{drafter}"], "argument --drafters: "),
+    (["--drafters", "a={drafter}", "b={other}"], "argument --drafters: b reads target layers [2, 9, 15, 21, 28]"),
+    (["--drafters", "a={drafter}", "--work_dir", "{a_file}"], "argument --work_dir: "),
+    (["--drafters", "a={drafter}", "--target_model_dir", "{missing}"], "argument --target_model_dir: "),
+])
+def test_heldout_tau_refuses_bad_drafters_and_dirs_before_any_load(argv, says, dirs, other_layers_drafter,
+                                                                   no_model_loads, capsys, monkeypatch, tmp_path):
+    module = load_example("heldout_tau")
+    _stub_module_loaders(module, monkeypatch)
+    argv = [a.format(drafter=dirs / "drafter", missing=dirs / "missing", a_file=dirs / "a_file",
+                     target=dirs / "target", other=other_layers_drafter) for a in argv]
+    if "--work_dir" not in argv:
+        argv += ["--work_dir", str(tmp_path / "work")]
+    line = _one_line_refusal(lambda: module.main(argv), capsys)
+    assert line.startswith(says), line
+
+
+def test_heldout_tau_refuses_a_drafter_that_does_not_fit_the_target_before_the_data_stage(
+        long_context_dirs, dirs, tmp_path, monkeypatch, capsys):
+    """The shipped drafter (SmolLM2's sizes and layers) on the 2-layer tiny target: refused by name after the target
+    loads, before any answer is generated."""
+    module = load_example("heldout_tau")
+    monkeypatch.setattr(module, "build_conversation_data", _trap)
+    assert module.main(["--drafters", f"demo={dirs / 'drafter'}", "--target_model_dir", str(long_context_dirs[0]),
+                        "--work_dir", str(tmp_path / "work"), "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --drafters demo: does not fit the target: "), err
+
+
+def test_heldout_tau_refuses_a_work_dir_made_for_another_target_or_length(long_context_dirs, tmp_path, monkeypatch,
+                                                                          capsys):
+    """A reused --work_dir holds one target's answers at one --max_new_tokens: a second run with another length or
+    another target is refused by name, before the data stage (which would regenerate nothing and score the drafters
+    against the first run's answers)."""
+    target_dir, drafter_dir = long_context_dirs
+    module = load_example("heldout_tau")
+    work = tmp_path / "work"
+    argv = ["--drafters", f"d={drafter_dir}", "--work_dir", str(work), "--num_conversations", "2",
+            "--max_new_tokens", "2", "--threads", "1"]
+    assert module.main([*argv, "--target_model_dir", str(target_dir), "--output_json", str(tmp_path / "a.json")]) == 0
+    assert json.loads((tmp_path / "a.json").read_text())["results"]["d"]
+    capsys.readouterr()
+    monkeypatch.setattr(module, "build_conversation_data", _trap)
+    longer = [*argv[:-4], "--max_new_tokens", "3", "--threads", "1", "--target_model_dir", str(target_dir)]
+    assert module.main(longer) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: --work_dir {str(work)!r} was made for another target or recipe: "), err
+    assert "data.max_new_tokens 2 (recorded) != 3 (now)" in err, err
+    other = save_tiny_target_dir(tmp_path / "other", arch="qwen3", seed=7, layers=2, max_positions=2048)
+    assert module.main([*argv, "--target_model_dir", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "was made for another target or recipe: target.weights_sha256" in err, err
+
+
+# ---------------------------------------------------------------------------- examples/profile_verify.py
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--nodes", "1,x"], "--nodes"),
+    (["--nodes", "0"], "--nodes"),
+    (["--nodes", "5000"], "--nodes"),
+    (["--nodes", ""], "--nodes"),
+    (["--nodes", "9,9"], "--nodes"),
+    (["--reps", "0"], "--reps"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--context_tokens", "-5"], "--context_tokens"),
+    (["--layer_ids", "1,-2"], "--layer_ids"),
+    (["--layer_ids", "a"], "--layer_ids"),
+    (["--threads", "0"], "--threads"),
+    (["--target_model_dir", "{missing}"], "--target_model_dir"),
+])
+def test_profile_verify_refuses_every_bad_flag_before_any_load(argv, flag, dirs, no_model_loads, capsys):
+    module = load_example("profile_verify")
+    argv = [a.format(missing=dirs / "missing") for a in argv]
+    line = _one_line_refusal(lambda: module.main(argv), capsys)
+    assert line.startswith(f"argument {flag}: "), line
+
+
+def test_profile_verify_refuses_the_default_layers_on_a_smaller_target(tiny_target_dir, capsys):
+    """The default --layer_ids are the shipped drafter's (SmolLM2's 30 layers): on the 2-layer tiny target one line
+    names the flag, right after the load (not an IndexError in the verifier)."""
+    module = load_example("profile_verify")
+    assert module.main(["--target_model_dir", str(tiny_target_dir), "--context_tokens", "40", "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --layer_ids 1,8,14,20,27: [8, 14, 20, 27] outside the target's layers 0..1"), err
+
+
+def test_profile_verify_compares_with_no_warmup(tiny_target_dir, capsys):
+    """--warmup 0 --compare: the logits compared are kept on the first (timed) pass."""
+    module = load_example("profile_verify")
+    assert module.main(["--target_model_dir", str(tiny_target_dir), "--context_tokens", "40", "--threads", "1",
+                        "--layer_ids", "0,1", "--nodes", "1,3", "--reps", "1", "--warmup", "0", "--compare",
+                        "--no_breakdown"]) == 0
+    assert "max|dlogit|" in capsys.readouterr().out

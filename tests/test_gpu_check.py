@@ -44,7 +44,8 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
     module = load_gpu_check()
     assert module.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert report["ok"] and report["failed"] == [] and report["tiny"] and report["dtypes"] == ["float32", "bfloat16"]
+    assert report["ok"] and report["complete"] and report["failed"] == [] and report["tiny"]
+    assert report["dtypes"] == ["float32", "bfloat16"]
     checks = _checks(report)
     assert all(c["status"] == "ok" for name, c in checks.items() if not name.startswith("plugins/"))
     for target in ("smollm2-135m-tiny", "qwen3-swa-tiny"):
@@ -207,3 +208,59 @@ def test_bad_arguments_exit_2_naming_the_field(argv, field, capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_gpu_check().parse_args(["--tiny", "--device", "cpu", *argv])
     assert exit_info.value.code == 2 and field in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,field", [(["--max_new_tokens", "0"], "--max_new_tokens"),
+                                        (["--prompt_len", "0"], "--prompt_len"),
+                                        (["--repeats", "0"], "--repeats"),
+                                        (["--repeats", "-3"], "--repeats"),
+                                        (["--threads", "-2"], "--threads"),
+                                        (["--device", "tpu"], "--device"),
+                                        (["--json", "{dir}"], "--json"),
+                                        (["--json", "{file}/x.json"], "--json"),
+                                        (["--out", "{file}"], "--out")])
+def test_zero_negative_and_misplaced_values_are_refused_not_defaulted(argv, field, tmp_path, capsys):
+    """A 0 is refused by its range, never turned into the default; paths that cannot be written are refused before
+    any check runs. One line, exit 2."""
+    (tmp_path / "a_file").write_text("x")
+    argv = [a.format(dir=tmp_path, file=tmp_path / "a_file") for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        load_gpu_check().parse_args(["--tiny", "--device", "cpu", *argv])  # a later --device wins
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"argument {field}: " in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_defaults_apply_only_to_values_not_given():
+    args = load_gpu_check().parse_args(["--tiny", "--device", "cpu", "--repeats", "2"])
+    assert (args.max_new_tokens, args.prompt_len, args.repeats) == (8, 24, 2)
+
+
+def _no_target_runs(module, monkeypatch) -> None:
+    """The run without its per-target checks (the slow part): the report's framing is what is tested."""
+    monkeypatch.setattr(module, "run_target", lambda *args, **kwargs: None)
+    monkeypatch.setattr(module, "check_fused_tree", lambda *args, **kwargs: None)
+
+
+def test_a_run_cut_short_does_not_read_as_a_pass(tmp_path, monkeypatch):
+    """The JSON is rewritten after every check; until the last write it says complete false and ok false, so the file
+    a run killed mid-way (a GPU run's time limit) leaves behind is no pass, though no check failed."""
+    module = load_gpu_check()
+    _no_target_runs(module, monkeypatch)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as a time limit's signal ends the run after the checks before it
+
+    monkeypatch.setattr(module, "check_plugins", killed)
+    with pytest.raises(KeyboardInterrupt):
+        module.main(["--tiny", "--device", "cpu", "--plugins", "off", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert [c["name"] for c in report["checks"]] == ["shipped-drafter"] and report["failed"] == []
+    assert report["complete"] is False and report["ok"] is False
+
+
+def test_a_finished_run_is_complete(tmp_path, monkeypatch):
+    module = load_gpu_check()
+    _no_target_runs(module, monkeypatch)
+    assert module.main(["--tiny", "--device", "cpu", "--plugins", "off", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["complete"] is True and report["ok"] is True and report["failed"] == []

@@ -52,3 +52,16 @@ def test_batch_costs_refuse_a_batch_below_one(capsys):
     with pytest.raises(SystemExit) as exit_info:
         load_example("profile_graphed").parse_args(["--batch_costs", "1", "0"])
     assert exit_info.value.code == 2 and "--batch_costs" in capsys.readouterr().err
+
+
+def test_tau_excludes_the_prefill_token_as_the_benchmarks_do():
+    """tau is tokens committed per decode step, the prefill's token not counted (bench.py's tau_mean, bench_serve's
+    tau): AR's is exactly 1, not 8 tokens / 7 steps."""
+    import torch
+    from tiny_models import tiny_target
+
+    module = load_example("profile_graphed")
+    model = tiny_target("qwen3", seed=1, dtype=torch.float32)
+    row = module.profile_method(model, None, "ar-graph", [3, 5, 7, 9], 8)
+    assert row["steps"] == 7 and len(row["output_ids"]) == 8
+    assert row["tau"] == row["accepted_per_step"] == 1.0

@@ -220,3 +220,20 @@ def test_the_runpy_reference_decodes_plain_ar_as_the_servers_device_runs_it(benc
     assert bench.reference_ar_method(None) == "ar-graph"  # the servers' own default device
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     assert bench.reference_ar_method(None) == "ar"
+
+
+def test_relative_paths_are_made_absolute_for_the_servers_started_in_the_checkout(bench, tmp_path, monkeypatch):
+    """The servers and the run.py reference run with the checkout as their directory: every path the user typed
+    relative to theirs reaches them absolute; the built-in prompt sets keep their names."""
+    for name in ("target", "drafter"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": "hi"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    args = bench.parse_args(["--target_model_dir", "target", "--draft_model_dir", "drafter",
+                             "--datasets", "humaneval", "prompts.jsonl", "chat", "--output_json", "out.json"])
+    assert args.target_model_dir == str(tmp_path / "target") and args.draft_model_dir == str(tmp_path / "drafter")
+    assert args.datasets == ["humaneval", str(tmp_path / "prompts.jsonl"), "chat"]
+    assert args.output_json == str(tmp_path / "out.json")
+    flags = bench.server_flags(args, "default")
+    assert flags[flags.index("--target_model_dir") + 1] == str(tmp_path / "target")
+    assert flags[flags.index("--draft_model_dir") + 1] == str(tmp_path / "drafter")
