@@ -22,7 +22,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_support import MODEL_NAME, LiveServer, SlowRunner, TinyModels, slowed, tiny_server
+from serve_support import MODEL_NAME, LiveServer, SlowRunner, TinyModels, parse_prometheus, slowed, tiny_server
 
 from tensorrt_llm_dflash.serve.runner import GraphedRunner, RowStep, graphed_rows
 
@@ -552,3 +552,33 @@ def test_shutting_down_answers_what_cannot_finish(models):
     assert answers["stream"][-1] == "[DONE]", answers["stream"][-3:]
     assert "error" in json.loads(answers["stream"][-2]), answers["stream"][-2]
     assert answers["plain"].status_code == 503 and "error" in answers["plain"].json()
+
+
+def test_openai_conformance_model_retrieve_nested_token_prompt_developer_role_and_zero_counters(server, models):
+    """Found by a QA pass: ``client.models.retrieve`` was a 404 (no GET /v1/models/{id}); a prompt as a list of one
+    token-id list (the OpenAI API's array of token arrays) was a 400; a "developer" message went to the chat
+    template under a role templates do not know (Qwen3's renders nothing for it) instead of as the system message it
+    is; a labelled counter was an unlabelled 0 until its first event, a series Prometheus then saw vanish."""
+    from tensorrt_llm_dflash.serve.protocol import ChatCompletionRequest, chat_messages
+
+    client = server.client()
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    response = httpx.get(server.url + "/v1/models/other", timeout=30)
+    assert response.status_code == 404 and response.json()["error"]["param"] == "model", response.text
+    ids = models.encode("def f(")
+    flat = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=6, temperature=0)
+    nested = client.completions.create(model=MODEL_NAME, prompt=[ids], max_tokens=6, temperature=0)
+    assert nested.choices[0].text == flat.choices[0].text == models.solo_text(ids, 6)
+    for prompt in ([ids, ids], [[]]):
+        response = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=30)
+        assert response.status_code == 400 and response.json()["error"]["param"] == "prompt", response.text
+    body = ChatCompletionRequest(messages=[{"role": "developer", "content": "Be brief."},
+                                           {"role": "user", "content": "hi"}])
+    assert chat_messages(body) == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    samples = parse_prometheus(httpx.get(server.url + "/metrics", timeout=30).text)
+    for series in ('dflash_requests_rejected_total{reason="queue_full"}',
+                   'dflash_requests_rejected_total{reason="unavailable"}',
+                   'dflash_requests_finished_total{finish_reason="stop"}',
+                   'dflash_requests_finished_total{finish_reason="length"}'):
+        assert series in samples, series
+    assert "dflash_requests_rejected_total" not in samples and "dflash_requests_finished_total" not in samples

@@ -193,12 +193,22 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
     async def prometheus() -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": settings.served_model_name, "object": "model", "created": created, "owned_by": OWNER,
+                "max_model_len": runner.max_model_len, "dflash": {"mode": runner.description,
+                                                                  "max_batch_size": runner.max_batch}}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": settings.served_model_name, "object": "model", "created": created, "owned_by": OWNER,
-            "max_model_len": runner.max_model_len, "dflash": {"mode": runner.description,
-                                                              "max_batch_size": runner.max_batch}}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> Response:
+        """OpenAI's model retrieve (``client.models.retrieve``): what clients ask before they use a name."""
+        if model_id != settings.served_model_name:
+            return error_response(404, f"model={show(model_id)}: unknown model; this server serves "
+                                       f"{settings.served_model_name!r}", "model")
+        return JSONResponse(model_card())
 
     def check_model(name: str | None) -> None:
         if name is not None and name != settings.served_model_name:

@@ -39,6 +39,9 @@ class Metrics:
     TREE_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
     ACCEPTANCE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
     SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+    #: (counter, label, every value it takes).
+    LABELLED = (("requests_rejected_total", "reason", ("invalid_request", "queue_full", "unavailable")),
+                ("requests_finished_total", "finish_reason", ("stop", "length")))
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -62,6 +65,11 @@ class Metrics:
         for name, text in counters.items():
             self._help[name] = ("counter", text)
             self._counters[name] = {}
+        # Every label value a counter can take starts at 0: a series that appears only with its first event (or an
+        # unlabelled 0 that vanishes then) reads to Prometheus as a series ending and another starting.
+        for name, label, values in self.LABELLED:
+            for value in values:
+                self._counters[name][((label, value),)] = 0.0
         histograms = {
             "tree_size": ("Tree nodes verified per row-step, root included (1 = a plain AR step).",
                           self.TREE_SIZE_BUCKETS),

@@ -75,7 +75,7 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt]
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
     echo: StrictBool | None = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
@@ -253,7 +253,10 @@ def chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
     out = []
     for message in body.messages:
         content = message.content if isinstance(message.content, str) else "".join(p.text for p in message.content)
-        item = {"role": message.role, "content": content}
+        # OpenAI's "developer" role is its "system" (the newer name); chat templates know only "system": Qwen3's
+        # renders nothing for another role, SmolLM2's renders it verbatim beside its own default system prompt.
+        role = "system" if message.role == "developer" else message.role
+        item = {"role": role, "content": content}
         if message.name is not None:
             item["name"] = message.name
         out.append(item)
@@ -267,8 +270,12 @@ def completion_prompt(body: CompletionRequest) -> tuple[str | None, list[int] | 
         return prompt, None
     if not prompt:
         raise InvalidRequest("prompt", "prompt=[]: the prompt is empty")
-    if all(isinstance(p, str) for p in prompt):
+    if all(isinstance(p, (str, list)) for p in prompt):  # a list of prompts (texts or token-id lists)
         if len(prompt) != 1:
             raise InvalidRequest("prompt", f"prompt: a list of {len(prompt)} prompts; send one prompt per request")
+        if isinstance(prompt[0], list):
+            if not prompt[0]:
+                raise InvalidRequest("prompt", "prompt=[[]]: the prompt is empty")
+            return None, [int(t) for t in prompt[0]]
         return str(prompt[0]), None
     return None, [int(t) for t in prompt]
