@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What to measure on the next GPU run, in priority order, each step time-limited so partial results come back
-# (results in $OUT/results.tgz, a log per step):
+# What to measure on a GPU machine, in priority order, each step time-limited so a cut run keeps what it finished
+# (results in ${OUT:-/tmp/out}/results.tgz, a log per step):
 #   fused     the plugin library built for this GPU, its kernels and tests, and the fused DDTree build
 #             (gpu_check's fused-tree/* checks: equal to the tensor ops, both timed in a CUDA graph, the default
 #             decoder both ways), on the SmolLM2-shaped random target in float32;

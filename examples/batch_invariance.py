@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="DFlash drafter dir (default with the embedded target: the shipped demo drafter); loaded "
                          "only when a method other than ar is measured")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16", "float16", "float64"])
-    ap.add_argument("--methods", nargs="+", default=["ar", "ddtree:8", "auto"], help=METHOD_SYNTAX)
+    ap.add_argument("--methods", nargs="*", default=["ar", "ddtree:8", "auto"],
+                    help=f"{METHOD_SYNTAX}; none (--methods alone): the logits phase only")
     ap.add_argument("--num_prompts", type=cli.integer(1), default=4)
     ap.add_argument("--max_new_tokens", type=cli.integer(1, MAX_NEW_TOKENS), default=64)
     ap.add_argument("--batch", type=cli.integer(2, MAX_BATCH), default=4)

@@ -309,10 +309,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+@torch.no_grad()  # scoped: a global set_grad_enabled(False) outlived an in-process main() (training afterwards broke)
 def profile(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.set_grad_enabled(False)
     from tensorrt_llm_dflash.target import HFTargetVerifier, load_target
 
     model, tokenizer = load_target(args.target_model_dir)

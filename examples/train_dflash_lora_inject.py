@@ -7,9 +7,9 @@ with the DFlash block mask, the target's per-layer context recomputed per batch 
 --work_dir: resumable, and the time budget continues across invocations) -> export of the peft
 adapter + dflash_lora_inject.json to --output_dir. docs/lora_inject.md.
 
-The SmolLM2-135M-Instruct drafter was made with (on the DFlash demo drafter's data shards):
-    python examples/train_dflash_lora_inject.py --data_dir /work/runs/smollm2/data \\
-        --work_dir /work/runs/lora_inject --output_dir /work/runs/lora_inject/drafter --train_minutes 25
+The shipped SmolLM2-135M-Instruct drafter was made with (on the DFlash demo drafter's data shards):
+    python examples/train_dflash_lora_inject.py --data_dir WORK_DIR/data --work_dir runs/lora_inject \\
+        --output_dir runs/lora_inject/drafter --train_minutes 12 --batch_size 2 --eval_sequences 16 --threads 2
 """
 
 from __future__ import annotations

@@ -22,6 +22,16 @@ torch.set_num_threads(1)
 os.environ["TENSORRT_LLM_DFLASH_CACHE"] = tempfile.mkdtemp(prefix="dflash-test-cache-")
 
 
+@pytest.fixture(autouse=True)
+def _autograd_left_as_found():
+    """No test may leave autograd off: a main() that called torch.set_grad_enabled(False) once made every training
+    test after it fail (in the whole suite only, never alone). Fails the test that does it, and restores."""
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        pytest.fail("the test left autograd disabled (torch.set_grad_enabled(False) outside a scope)")
+
+
 @pytest.fixture(scope="session")
 def qwen_target():
     from tiny_models import cached_target

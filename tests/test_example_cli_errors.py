@@ -301,7 +301,6 @@ def test_copy_split_refuses_results_without_their_config_before_the_tokenizer(tm
     (["--output_json", "{target}"], "--output_json"),
     (["--methods", "ddtree:x"], "--methods"),
     (["--methods", "ddtree:0"], "--methods"),
-    (["--methods"], "--methods"),
     (["--methods", "ar", "ar"], "--methods"),
     (["--dtypes", "float32", "float32"], "--dtypes"),
     (["--threads", "0"], "--threads"),
@@ -323,17 +322,9 @@ def test_batch_invariance_refuses_every_bad_flag_before_any_load(argv, flag, dir
 @pytest.fixture(scope="module")
 def long_context_dirs(tmp_path_factory):
     """A tiny target with room for HumanEval prompts (one token per character) and a drafter made for it."""
-    import torch
-    from tiny_models import tiny_drafter
+    from tiny_dirs import save_long_context_pair
 
-    from tensorrt_llm_dflash.drafter import save_dflash_drafter
-    from tensorrt_llm_dflash.target import load_target
-
-    root = tmp_path_factory.mktemp("long_context")
-    target_dir = save_tiny_target_dir(root / "target", arch="qwen3", seed=2, layers=2, max_positions=2048)
-    model, _ = load_target(target_dir, dtype=torch.float32)
-    save_dflash_drafter(tiny_drafter(model, block_size=4, seed=2), root / "drafter", dtype=torch.float32)
-    return target_dir, root / "drafter"
+    return save_long_context_pair(tmp_path_factory.mktemp("long_context"))
 
 
 def test_batch_invariance_ar_alone_loads_no_drafter(long_context_dirs, tmp_path, monkeypatch):

@@ -11,11 +11,8 @@ import json
 import sys
 
 import pytest
-import torch
 from example_cli import EXAMPLES
 from serve_support import TinyModels, tiny_server
-from tiny_dirs import save_tiny_target_dir
-from tiny_models import tiny_drafter
 
 from tensorrt_llm_dflash.errors import DFlashInputError
 
@@ -33,15 +30,9 @@ def bench():
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    from tensorrt_llm_dflash.drafter import save_dflash_drafter
-    from tensorrt_llm_dflash.target import load_target
+    from tiny_dirs import save_long_context_pair
 
-    root = tmp_path_factory.mktemp("bench_serve")
-    # 2048 positions: a HumanEval prompt is a few hundred characters, one token each here.
-    target_dir = save_tiny_target_dir(root / "target", arch="qwen3", seed=2, layers=2, max_positions=2048)
-    model, _ = load_target(target_dir, dtype=torch.float32)
-    save_dflash_drafter(tiny_drafter(model, block_size=4, seed=2), root / "drafter", dtype=torch.float32)
-    return target_dir, root / "drafter"
+    return save_long_context_pair(tmp_path_factory.mktemp("bench_serve"))
 
 
 def test_the_benchmark_runs_ar_and_the_default_at_two_concurrencies(bench, model_dirs, tmp_path, capsys):

@@ -35,3 +35,18 @@ def save_tiny_target_dir(path: str | Path, arch: str = "qwen3", seed: int = 0, l
     model.save_pretrained(path)
     char_tokenizer().save_pretrained(path)
     return path
+
+
+def save_long_context_pair(root: str | Path) -> tuple[Path, Path]:
+    """(target dir, drafter dir): a 2-layer tiny Qwen3 with 2048 positions (a HumanEval prompt is a few hundred
+    characters, one token each here) and a block-4 DFlash drafter made for it, for the tools that read prompt sets."""
+    from tiny_models import tiny_drafter
+
+    from tensorrt_llm_dflash.drafter import save_dflash_drafter
+    from tensorrt_llm_dflash.target import load_target
+
+    root = Path(root)
+    target_dir = save_tiny_target_dir(root / "target", arch="qwen3", seed=2, layers=2, max_positions=2048)
+    model, _ = load_target(target_dir, dtype=torch.float32)
+    save_dflash_drafter(tiny_drafter(model, block_size=4, seed=2), root / "drafter", dtype=torch.float32)
+    return target_dir, root / "drafter"
