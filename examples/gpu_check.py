@@ -92,7 +92,7 @@ DEFAULT_METHODS = tuple(m for m in METHODS if m != "oracle-auto-in-step")
 #: The shipped drafter's target: SmolLM2-135M(-Instruct).
 SMOLLM2 = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
            "num_attention_heads": 9, "num_key_value_heads": 3, "max_position_embeddings": 8192}
-#: Where the boundary case of issue 35 broke: 200 + 51 + (tree of 4) + 1 = 256 slots, one compacted block more.
+#: Where the compaction boundary once broke: 200 + 51 + (tree of 4) + 1 = 256 slots, one compacted block more.
 #: --tiny keeps the sum (240 + 11) with fewer steps.
 BOUNDARY_BUDGET, BOUNDARY_NEW, TINY_BOUNDARY_NEW = 3, 51, 11
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
@@ -590,7 +590,7 @@ def check_recapture(report: Report, ctx: Context) -> None:
 
 def check_boundary(report: Report, ctx: Context, new: int) -> None:
     """DDTree 3 with the drafter's block (8 or 16), prompt + ``new`` tokens = 256 - 5 (the slots a state sized from the
-    tree holds): 200 + 51 as issue 35 reproduced it; then a capture right after that request."""
+    tree holds): 200 + 51, where it once broke; then a capture right after that request."""
     for kind in ("drafter", "oracle"):
         with report.check(f"{ctx.tag}/compaction-boundary-{kind}") as c:
             ctx.needs(ctx.model, ctx.drafter)

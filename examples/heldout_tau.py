@@ -17,6 +17,7 @@ target's own continuation), the chain acceptance split into chat and code conver
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ from tensorrt_llm_dflash.training.datasets import Conversation  # noqa: E402
 from tensorrt_llm_dflash.training.model import OnlineDFlashModel  # noqa: E402
 from tensorrt_llm_dflash.training.prompts import build_builtin_conversations, build_prompt_set  # noqa: E402
 from tensorrt_llm_dflash.training.trainer import TrainConfig, evaluate  # noqa: E402
-from tensorrt_llm_dflash.training.workdir import claim_work_dir, target_fingerprint  # noqa: E402
+from tensorrt_llm_dflash.training.workdir import claim_work_dir, hold_work_dir, target_fingerprint  # noqa: E402
 
 #: The data stage's longest sequence (build_conversation_data's default), recorded with the held-out data.
 MAX_SEQ_LEN = 2048
@@ -111,47 +112,50 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        model, tokenizer = load_target(args.target_model_dir)
-        for name, (_, config) in args.configs.items():  # before the data stage, which reads these layers
-            try:
-                config.validate_for_target(**target_dims(model))
-            except DFlashError as err:
-                raise DFlashError(f"--drafters {name}: does not fit the target: {err}") from None
-        conversations, is_code = heldout_conversations(args.chat_share, args.num_conversations)
-        layer_ids = list(next(iter(args.configs.values()))[1].target_layer_ids)
-        # The cached answers and hidden states are those of one target, answer length and set of layers: a reused
-        # --work_dir made with others is refused (build_conversation_data would regenerate nothing and score the
-        # drafters against the old data).
-        claim_work_dir(args.work_dir, {"target": target_fingerprint(model, tokenizer),
-                                       "data": {"layer_ids": layer_ids, "max_new_tokens": args.max_new_tokens,
-                                                "max_seq_len": MAX_SEQ_LEN, "answers": "regenerate"}},
-                       argument="--work_dir")
-        data_dir = Path(args.work_dir) / "data"
-        build_conversation_data(data_dir, model, tokenizer, conversations, layer_ids, max_seq_len=MAX_SEQ_LEN,
-                                max_new_tokens=args.max_new_tokens, source="held-out built-in conversations")
-        groups: dict[str, list[Sequence]] = {"chat": [], "code": []}
-        # By content key, not position: a work dir made when the set was built otherwise also
-        # holds conversations that are no longer among the last ones; those are left out.
-        code_by_key = {c.key: code for c, code in zip(conversations, is_code)}
-        for _, data in readable_shards(data_dir, remove_damaged=False):
-            for key, ids, mask, feats in zip(data["conversation_key"], data["input_ids"], shard_loss_masks(data),
-                                             data["features"]):
-                if key in code_by_key:
-                    groups["code" if code_by_key[key] else "chat"].append(Sequence(ids.long(), mask, feats, None))
-        results = {}
-        for name, path in drafters.items():
-            drafter = load_dflash_drafter(path)
-            online = OnlineDFlashModel(drafter, model.get_input_embeddings().weight,
-                                       model.get_output_embeddings().weight, num_anchors=48, gamma=4.0,
-                                       distill_weight=0.0, attention="dense")
-            results[name] = {}
-            for group, seqs in groups.items():
-                if seqs:
-                    metrics = evaluate(online, seqs, TrainConfig(batch_size=4), with_final=False)
-                    results[name][group] = {"chain_tau": metrics["eval_chain_tau"], "acc": metrics["eval_acc"],
-                                            "sequences": len(seqs)}
-            print(name, "  ".join(f"{g} chain tau {r['chain_tau']:.3f} ({r['sequences']} conversations)"
-                                  for g, r in results[name].items()), flush=True)
+        with contextlib.ExitStack() as held:
+            model, tokenizer = load_target(args.target_model_dir)
+            for name, (_, config) in args.configs.items():  # before the data stage, which reads these layers
+                try:
+                    config.validate_for_target(**target_dims(model))
+                except DFlashError as err:
+                    raise DFlashError(f"--drafters {name}: does not fit the target: {err}") from None
+            conversations, is_code = heldout_conversations(args.chat_share, args.num_conversations)
+            layer_ids = list(next(iter(args.configs.values()))[1].target_layer_ids)
+            # One run at a time (the training CLIs' lock): two would write the same data shards.
+            held.enter_context(hold_work_dir(args.work_dir))
+            # The cached answers and hidden states are those of one target, answer length and set of layers: a reused
+            # --work_dir made with others is refused (build_conversation_data would regenerate nothing and score the
+            # drafters against the old data).
+            claim_work_dir(args.work_dir, {"target": target_fingerprint(model, tokenizer),
+                                           "data": {"layer_ids": layer_ids, "max_new_tokens": args.max_new_tokens,
+                                                    "max_seq_len": MAX_SEQ_LEN, "answers": "regenerate"}},
+                           argument="--work_dir")
+            data_dir = Path(args.work_dir) / "data"
+            build_conversation_data(data_dir, model, tokenizer, conversations, layer_ids, max_seq_len=MAX_SEQ_LEN,
+                                    max_new_tokens=args.max_new_tokens, source="held-out built-in conversations")
+            groups: dict[str, list[Sequence]] = {"chat": [], "code": []}
+            # By content key, not position: a work dir made when the set was built otherwise also
+            # holds conversations that are no longer among the last ones; those are left out.
+            code_by_key = {c.key: code for c, code in zip(conversations, is_code)}
+            for _, data in readable_shards(data_dir, remove_damaged=False):
+                for key, ids, mask, feats in zip(data["conversation_key"], data["input_ids"], shard_loss_masks(data),
+                                                 data["features"]):
+                    if key in code_by_key:
+                        groups["code" if code_by_key[key] else "chat"].append(Sequence(ids.long(), mask, feats, None))
+            results = {}
+            for name, path in drafters.items():
+                drafter = load_dflash_drafter(path)
+                online = OnlineDFlashModel(drafter, model.get_input_embeddings().weight,
+                                           model.get_output_embeddings().weight, num_anchors=48, gamma=4.0,
+                                           distill_weight=0.0, attention="dense")
+                results[name] = {}
+                for group, seqs in groups.items():
+                    if seqs:
+                        metrics = evaluate(online, seqs, TrainConfig(batch_size=4), with_final=False)
+                        results[name][group] = {"chain_tau": metrics["eval_chain_tau"], "acc": metrics["eval_acc"],
+                                                "sequences": len(seqs)}
+                print(name, "  ".join(f"{g} chain tau {r['chain_tau']:.3f} ({r['sequences']} conversations)"
+                                      for g, r in results[name].items()), flush=True)
     except DFlashError as err:
         cli.print_error(err)
         return 2

@@ -4,7 +4,7 @@
 For each dtype and each method it builds a decoder, captures its graphs (CUDA) and reports the
 capture time and memory, decodes a HumanEval-like prompt and reports tok/s, tau and the per-stage
 milliseconds per step (CUDA events between graph replays on CUDA, wall time on the CPU). Then, per
-dtype, it times the pieces issue 29 asks about in isolation:
+dtype, it times the graphed step's pieces in isolation:
 
 * ``compact``: the static cache's KV compaction (one gather + one scatter over all layers) for a
   16-token path, eager and, on CUDA, replayed from a CUDA graph;

@@ -412,7 +412,7 @@ class GraphedDecoder:
     @property
     def max_model_len(self) -> int:
         """The longest prompt + output one row may hold: the target's positions, and the largest capacity less
-        one step's writes past the last position (issue 35: a compaction wrote past a state sized by the tree)."""
+        one step's writes past the last position (a compaction once wrote past a state sized by the tree)."""
         return min(self.target.max_positions, self.max_capacity - self.span)
 
     def capacity_needed(self, prompt_len: int, max_new_tokens: int) -> int:
@@ -941,7 +941,7 @@ class GraphedDecoder:
         learned tables are left as they were.
 
         Every window by default: on the H100 a request that reached a window not captured yet paid its capture
-        inside the request (0.1-0.5 s for the cost-aware tree's sizes; benchmarks/gpu_h100, issue 35). Under graphs
+        inside the request (0.1-0.5 s for the cost-aware tree's sizes; benchmarks/gpu_h100). Under graphs
         with ``padded_prefill``, also the prefill graph of every padded length a prompt that fits can take."""
         if sampling is not None:
             self.sampling = sampling

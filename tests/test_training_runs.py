@@ -17,8 +17,8 @@ from tiny_dirs import save_tiny_target_dir
 from tiny_models import tiny_target
 
 from tensorrt_llm_dflash.errors import DFlashConfigError
-from tensorrt_llm_dflash.training.data import Sequence, build_distillation_data, data_stage_state
-from tensorrt_llm_dflash.training.trainer import TrainConfig, held_out_split, sequence_key
+from tensorrt_llm_dflash.training.data import Sequence, build_distillation_data, data_stage_state, readable_shards
+from tensorrt_llm_dflash.training.trainer import TrainConfig, distinct_sequences, held_out_split, sequence_key
 
 TINY = ["--max_new_tokens", "4", "--train_minutes", "0", "--log_every", "1", "--num_feature_layers", "2",
         "--threads", "1", "--data_minutes", "0"]
@@ -60,8 +60,11 @@ def test_a_resumed_run_keeps_its_held_out_set_and_records_changed_settings(tmp_p
     assert "lr 3e-05 -> 0.001" in second and "seed 0 -> 7" in second
     state = torch.load(work / "checkpoint.pt", weights_only=False)
     assert state["eval_keys"] == held  # drawn afresh from 40 sequences and seed 7, it would be others
-    fresh, _ = held_out_split(list(range(40)), [f"k{i}" for i in range(40)], TrainConfig(seed=7), None)
-    assert len(fresh) == 1  # (the fresh rule on this data: one held out, so a redraw could move it)
+    # ...and they would be: the fresh rule on this run's data and seed holds out another sequence.
+    keys = [sequence_key(Sequence(ids, None, None, None)) for _, data in readable_shards(work / "data", False)
+            for ids in data["input_ids"]]
+    fresh, _ = held_out_split(distinct_sequences(keys, quiet=True), keys, TrainConfig(seed=7), None)
+    assert fresh and {keys[i] for i in fresh} != set(held)
     card = json.loads((out / "training_metrics.json").read_text())["train"]
     assert card["settings_changes"] == [{"step": 2, "changes": {"lr": [3e-05, 0.001], "seed": [0, 7]}}]
 
@@ -194,3 +197,28 @@ def test_lora_inject_data_stage_resumes_its_own_data_and_refuses_an_unfinished_w
     (own / "meta.json").write_text(json.dumps({"seconds": 3.0, "complete": False}))
     with pytest.raises(DFlashConfigError, match="its data stage did not finish"):
         lora.ensure_data(args, tiny_target("llama", vocab=64), None, True)
+
+
+def test_heldout_tau_refuses_a_work_dir_another_run_holds(tmp_path, capsys):
+    """examples/heldout_tau.py writes data shards into its --work_dir as the trainers do, and took no lock: two runs
+    on one dir wrote the same shards. It takes the trainers' lock now, before its data stage."""
+    from tiny_dirs import save_long_context_pair
+
+    target, drafter = save_long_context_pair(tmp_path / "pair")
+    heldout = load_example("heldout_tau")
+    work = tmp_path / "work"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[2]); "
+        "from tensorrt_llm_dflash.training.workdir import hold_work_dir\n"
+        "with hold_work_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)"),
+        str(work), str(Path(__file__).resolve().parents[1])], stdout=subprocess.PIPE, text=True)
+    argv = ["--drafters", f"d={drafter}", "--target_model_dir", str(target), "--work_dir", str(work),
+            "--num_conversations", "2", "--max_new_tokens", "2", "--threads", "1"]
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert heldout.main(argv) == 2
+        assert f"error: --work_dir {str(work)!r} is in use by another run (pid {holder.pid})" in capsys.readouterr().err
+        assert not (work / "data").exists()
+    finally:
+        holder.kill()
+        holder.wait()
