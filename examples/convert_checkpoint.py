@@ -54,6 +54,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.max_draft_len < block_size - 1:
             cli.refuse(ap, "--max_draft_len", f"{args.max_draft_len} is below the drafter's chain length "
                        f"block_size - 1 = {block_size - 1}; allowed {block_size - 1}..{MAX_ENGINE_DRAFT_LEN}")
+    # The configs alone decide whether the mapping can be split: refuse it by name now, not after
+    # both models are read. A pair that does not fit is reported by the conversion (its own message).
+    from tensorrt_llm_dflash.trtllm.weight import check_parallelism, read_configs
+
+    try:
+        target, drafter, _ = read_configs(args.model_dir, args.dflash_model_dir)
+    except DFlashError:
+        pass
+    else:
+        try:
+            check_parallelism(target, drafter, args.tp_size, args.pp_size)
+        except DFlashError as err:
+            cli.refuse(ap, "--tp_size", str(err))
     return args
 
 

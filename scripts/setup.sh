@@ -27,23 +27,19 @@ fi
 
 # The plugin library's CPU build (plugins/build/libdflash_plugins_cpu.so): the runtimes use it where it is built
 # (the fused DDTree build, KV compaction) and fall back to torch where it is not, so a machine without cmake or a
-# C++ compiler still sets up. Incremental: a second run is a no-op. Configured as the tests configure it (nvcc named
-# where there is one, so the CUDA library can be built in the same folder: cmake --build plugins/build).
+# C++ compiler still sets up. Incremental: a second run is a no-op. The tests' own build (tensorrt_llm_dflash/
+# plugin_build.py): nvcc named where there is one, so the CUDA library can be built in the same folder, and a build
+# dir an interrupted configure, a killed link or a copied checkout left behind is configured or linked afresh.
 build_plugin_library() {
   if ! command -v cmake >/dev/null 2>&1; then
     echo "setup: cmake not found; the plugin library is not built (the runtimes use torch instead)"
     return 0
   fi
-  local nvcc cuda=()
-  nvcc=$(command -v nvcc || true)
-  [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
-  [ -n "$nvcc" ] && cuda=("-DCMAKE_CUDA_COMPILER=$nvcc")
-  if { [ -f plugins/build/CMakeCache.txt ] || cmake -S plugins -B plugins/build "${cuda[@]}" >/dev/null; } &&
-     cmake --build plugins/build --target dflash_plugins_cpu -j 2 >/dev/null; then
+  if "$PY" -m tensorrt_llm_dflash.plugin_build >/dev/null; then
     return 0
   fi
   echo "setup: building the plugin library failed; the runtimes use torch instead" \
-       "(see: cmake --build plugins/build --target dflash_plugins_cpu)" >&2
+       "(see: $PY -m tensorrt_llm_dflash.plugin_build)" >&2
   return 0
 }
 

@@ -143,10 +143,10 @@ def result_dir(text: str) -> str:
     """``output_dir`` for a directory result, which is published by replacing the directory as a whole
     (``files.publish_dir``): not the current directory nor one holding it (that replacement would fail, or pull the
     directory out from under the running process, at the very end of the work)."""
+    from .files import holds_current_directory  # the one check publish_dir makes too
+
     output_dir(text)
-    here = Path.cwd().resolve()
-    resolved = Path(text).resolve()
-    if resolved == here or resolved in here.parents:
+    if holds_current_directory(text) is not None:
         _fail(f"{text!r} is (or holds) the current directory; the result replaces its directory as a whole, so give "
               f"it a directory of its own")
     return text

@@ -162,6 +162,16 @@ def _is_owned(name: str, owned: Iterable[str]) -> bool:
     return any(fnmatch(name, pattern) for pattern in owned)
 
 
+def holds_current_directory(path: str | Path) -> Path | None:
+    """The current directory when ``path`` is it or holds it, else None: a directory result is published by
+    replacing its directory as a whole, which would pull that directory out from under the running process (and
+    a relative ``.`` cannot be renamed at all). The one check behind every such refusal (``publish_dir``,
+    ``trtllm/build.py``), each caller wording it for its own flag."""
+    here = Path.cwd().resolve()
+    resolved = Path(path).resolve()
+    return here if resolved == here or resolved in here.parents else None
+
+
 @contextlib.contextmanager
 def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
     """Build a directory result in a staging directory; publish it only if the block succeeds.
@@ -178,12 +188,18 @@ def publish_dir(final: str | Path, owned: Iterable[str]) -> Iterator[Path]:
 
     The current directory, or one holding it, is refused before the block runs: it would be
     replaced under the running process (and a relative ``.`` cannot be renamed at all).
+
+    A symbolic link to a directory is published through: the directory it points at is replaced and
+    the link kept (replacing the link itself left a real directory in its place, the pointed-at one
+    with the old result, and the link under a hidden staging name).
     """
     final = Path(final).absolute()
-    here = Path.cwd().resolve()
-    if final.resolve() == here or final.resolve() in here.parents:
+    here = holds_current_directory(final)
+    if here is not None:
         raise DFlashInputError(f"{final}: a directory result replaces its directory as a whole, and this one is (or "
                                f"holds) the current directory {here}; write it to a directory of its own")
+    if final.is_symlink():
+        final = final.resolve()
     final.parent.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".{final.name}{_STAGING_TAG}*"):
         shutil.rmtree(stale, ignore_errors=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -155,6 +156,48 @@ def library_candidates(env_var: str = LIBRARY_ENV_VAR, name: str = LIBRARY_NAME)
     return candidates
 
 
+def shared_library_problem(path: Path) -> str | None:
+    """Why ``path`` is not a complete ELF shared library, or None when its headers say it is.
+
+    Checked before dlopen because dlopen does not check it: a library cut short by a killed link or copy
+    maps segments past the end of the file, and the first touch of those pages kills the process with
+    SIGBUS (no exception, no message). The linker writes the section header table last, so a truncated
+    file also ends before that table.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+            if len(head) < 52 or head[:4] != b"\x7fELF":
+                return f"it is not an ELF file ({size} bytes)"
+            if head[4] not in (1, 2) or head[5] not in (1, 2):
+                return "its ELF header is damaged (class or byte order)"
+            wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+            if wide and len(head) < 64:
+                return f"it is truncated ({size} bytes, not even the ELF header)"
+            # e_phoff, e_shoff, then e_phentsize, e_phnum, e_shentsize, e_shnum (the ELF header's layout).
+            phoff, shoff = struct.unpack_from(order + ("QQ" if wide else "II"), head, 0x20 if wide else 0x1C)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "4H", head, 0x36 if wide else 0x2A)
+            if shoff and shoff + shentsize * shnum > size:
+                return (f"it is truncated: its section headers end at byte {shoff + shentsize * shnum}, "
+                        f"the file holds {size}")
+            if phoff + phentsize * phnum > size:
+                return f"it is truncated: its program headers end past the file's {size} bytes"
+            if phnum and phentsize < (56 if wide else 32):
+                return f"its ELF header is damaged (program header size {phentsize})"
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except OSError as err:
+        return f"it cannot be read ({err})"
+    # p_offset and p_filesz of each program header: where the segment's bytes lie in the file.
+    segment = order + ("8xQ16xQ" if wide else "4xI8xI")
+    for i in range(phnum):
+        offset, filesz = struct.unpack_from(segment, table, i * phentsize)
+        if offset + filesz > size:
+            return f"it is truncated: segment {i} ends at byte {offset + filesz}, the file holds {size}"
+    return None
+
+
 def load_library(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
     """Load (once) and return the CPU library; raise PluginLibraryNotFound if absent."""
     global _library, _library_searched
@@ -163,6 +206,10 @@ def load_library(path: str | os.PathLike[str] | None = None) -> ctypes.CDLL:
     candidates = [Path(path)] if path is not None else library_candidates()
     for candidate in candidates:
         if candidate.is_file():
+            problem = shared_library_problem(candidate)
+            if problem is not None:  # dlopen of a truncated library kills the process (SIGBUS): no fallback then
+                raise PluginLibraryNotFound(f"{candidate} is not a loadable shared library: {problem}; rebuild it "
+                                            "(cmake --build plugins/build)")
             lib = ctypes.CDLL(str(candidate))
             for name, (restype, argtypes) in _SIGNATURES.items():
                 fn = getattr(lib, name, None)

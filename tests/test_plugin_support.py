@@ -8,17 +8,15 @@ is missing or stale, so a fresh clone + ``pytest`` works, unless
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tensorrt_llm_dflash import kernels, tree
+from tensorrt_llm_dflash import kernels, plugin_build, tree
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "plugins"
@@ -27,45 +25,29 @@ BUILD_DIR = PLUGINS / "build"
 
 @functools.lru_cache(maxsize=1)
 def find_nvcc() -> str | None:
-    """nvcc on PATH, else where CUDA installs it ($CUDACXX, $CUDA_HOME/bin, /usr/local/cuda*/bin, newest first).
-
-    A CI or login shell may not have CUDA's bin directory on PATH although the toolkit is there; the
-    CUDA compile tests must run wherever the compiler exists, not only where PATH happens to name it.
-    """
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    candidates = [os.environ.get("CUDACXX")]
-    candidates += [str(Path(os.environ[v]) / "bin" / "nvcc") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    candidates.append("/usr/local/cuda/bin/nvcc")
-    candidates += [str(p / "bin" / "nvcc") for p in sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    """plugin_build.find_nvcc, once per test process."""
+    return plugin_build.find_nvcc()
 
 
-@functools.lru_cache(maxsize=1)
-def build_cpu_library() -> Path:
-    """Configure (first time) and build the CPU library target; return its path."""
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    # Several test runs may share the work tree: build under a lock.
-    with open(BUILD_DIR / ".pytest-build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (BUILD_DIR / "CMakeCache.txt").is_file():
-            nvcc = find_nvcc()
-            # Name the compiler: CMake looks for nvcc on PATH only, and the CUDA library test needs it built.
-            cuda = [f"-DCMAKE_CUDA_COMPILER={nvcc}"] if nvcc else []
-            _run(["cmake", "-S", str(PLUGINS), "-B", str(BUILD_DIR), *cuda])
-        # Incremental: a no-op when the library is up to date with its sources.
-        _run(["cmake", "--build", str(BUILD_DIR), "--target", "dflash_plugins_cpu", "-j", "4"])
-    return BUILD_DIR / kernels.LIBRARY_NAME
+stale_configuration = plugin_build.stale_configuration
 
 
-def _run(command: list[str]) -> None:
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    if result.returncode != 0:
-        pytest.fail(f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}")
+@functools.cache
+def build_cpu_library(plugins_dir: Path = PLUGINS, build_dir: Path = BUILD_DIR) -> Path:
+    """plugin_build.build_cpu_library (the build scripts/setup.sh runs too), once per directory; a failed cmake
+    step fails the test with its output."""
+    try:
+        return plugin_build.build_cpu_library(plugins_dir, build_dir, jobs=4)
+    except plugin_build.PluginBuildError as err:
+        pytest.fail(str(err))
+
+
+def configure_cuda(plugins_dir: Path = PLUGINS, build_dir: Path = BUILD_DIR) -> bool:
+    """plugin_build.configure_cuda; a failed cmake step fails the test with its output."""
+    try:
+        return plugin_build.configure_cuda(plugins_dir, build_dir)
+    except plugin_build.PluginBuildError as err:
+        pytest.fail(str(err))
 
 
 def load_cpu_library() -> ctypes.CDLL:

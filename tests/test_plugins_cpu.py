@@ -7,13 +7,19 @@ cmake when needed, so a fresh clone + ``pytest`` works.
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from test_plugin_support import load_cpu_library, random_batch, random_parents
+from test_plugin_support import PLUGINS, load_cpu_library, random_batch, random_parents
 
 from tensorrt_llm_dflash import kernels, tree
 from tensorrt_llm_dflash.errors import DFlashInputError
+from tensorrt_llm_dflash.trtllm import plugins
 
 
 @pytest.fixture(scope="session")
@@ -224,3 +230,83 @@ def test_every_error_code_becomes_input_error_with_value(cpu_library: ctypes.CDL
             kernels._raise_for(code, detail, {"geometry": "heads=77", "capacity": 9, "max_accepted": 3})
         message = str(excinfo.value)
         assert message and ("77" in message or code == kernels.ERR_NULL_POINTER), (code, message)
+
+
+# ------------------------------------------------------------------- the build directory
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_a_stale_or_half_written_build_dir_is_rebuilt(tmp_path: Path) -> None:
+    """What the test build (test_plugin_support.build_cpu_library) recovers from, each seen failing before:
+    a configure killed before it generated the Makefile ("No rule to make target 'Makefile'" on every later
+    run); a build directory copied with its checkout (cmake --build rebuilt the *original* checkout's library,
+    the copy's stayed stale); a library a killed link left truncated (newer than its objects, so never
+    relinked, and dlopen of it died of SIGBUS)."""
+    from test_plugin_support import build_cpu_library, stale_configuration
+
+    build = build_cpu_library.__wrapped__  # uncached: each call below must really build
+    first = tmp_path / "first" / "plugins"
+    first.mkdir(parents=True)
+    for part in ("CMakeLists.txt", "include", "src", "tests"):
+        source = PLUGINS / part
+        (shutil.copytree if source.is_dir() else shutil.copy2)(source, first / part)
+    library = build(first, first / "build")
+    assert stale_configuration(first, first / "build") is None
+
+    (first / "build" / "Makefile").unlink()  # a configure killed between "Configuring done" and "Generating done"
+    assert "no build system" in stale_configuration(first, first / "build")
+    assert build(first, first / "build") == library and (first / "build" / "Makefile").is_file()
+
+    moved = tmp_path / "moved" / "plugins"
+    shutil.copytree(first, moved, symlinks=True)
+    assert "another checkout" in stale_configuration(moved, moved / "build")
+    source = moved / "src" / "cpu" / "dflash_cpu.cpp"
+    exported = '__attribute__((visibility("default")))'  # the library hides what is not its C ABI
+    source.write_text(source.read_text() + f'\nextern "C" {exported} int dflash_moved_checkout(void) {{ return 7; }}\n')
+    copied = build(moved, moved / "build")
+    assert ctypes.CDLL(str(copied)).dflash_moved_checkout() == 7  # the copy's own sources, in the copy's library
+    assert not hasattr(ctypes.CDLL(str(library)), "dflash_moved_checkout")
+
+    # A link killed midway (a new file, as ld makes: this process has the old one mapped, and truncating a
+    # mapped file in place would kill it with SIGBUS); its mtime is now the newest.
+    partial = copied.with_name("partial.so")
+    partial.write_bytes(copied.read_bytes()[:4096])
+    partial.replace(copied)
+    assert plugins.shared_library_problem(copied) is not None
+    assert build(moved, moved / "build") == copied and plugins.shared_library_problem(copied) is None
+
+
+def test_a_truncated_cpu_library_falls_back_to_torch_not_a_crash(tmp_path: Path) -> None:
+    """``$DFLASH_PLUGIN_LIB`` at a library a killed link left half-written: dlopen mapped segments past the end of
+    the file and the first touch killed Python with SIGBUS, so the runtimes' torch fallback never ran. It is
+    checked before dlopen now: load_library names it, compaction_backend answers torch."""
+    import _ctypes
+
+    whole = Path(_ctypes.__file__).read_bytes()  # any real shared library
+    half = tmp_path / "libdflash_plugins_cpu.so"
+    half.write_bytes(whole[: len(whole) // 2])
+    code = ("from tensorrt_llm_dflash import kernels\n"
+            "try:\n    kernels.load_library()\nexcept kernels.PluginLibraryNotFound as err:\n    print(err)\n"
+            "kernels._library_searched = False\n"
+            "print(kernels.compaction_backend())\n")
+    env = {**os.environ, kernels.LIBRARY_ENV_VAR: str(half)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    named, backend = result.stdout.strip().splitlines()
+    assert f"{half} is not a loadable shared library: it is truncated" in named, named
+    assert backend == "torch"
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_setup_builds_the_library_as_the_tests_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """scripts/setup.sh runs ``python -m tensorrt_llm_dflash.plugin_build`` (it configured only where no
+    CMakeCache.txt was, so an interrupted configure broke every later setup): the tests' build, the same checks."""
+    from test_plugin_support import build_cpu_library
+
+    from tensorrt_llm_dflash import plugin_build
+
+    assert "-m tensorrt_llm_dflash.plugin_build" in (PLUGINS.parent / "scripts" / "setup.sh").read_text()
+    library = build_cpu_library()
+    assert plugin_build.main([]) == 0 and capsys.readouterr().out.strip() == str(library)
+    assert plugin_build.main(["--plugins_dir", str(tmp_path)]) == 2
+    assert f"--plugins_dir {str(tmp_path)!r} holds no CMakeLists.txt" in capsys.readouterr().err

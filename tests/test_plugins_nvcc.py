@@ -135,17 +135,16 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
     turns the failed launch into DFLASH_ERR_CUDA instead of crashing."""
     import ctypes
 
-    from test_plugin_support import BUILD_DIR, build_cpu_library
+    from test_plugin_support import BUILD_DIR, configure_cuda
 
     from tensorrt_llm_dflash import kernels
 
-    build_cpu_library()  # configures plugins/build if needed
+    if not configure_cuda():  # configures plugins/build if needed, with nvcc where it was configured without
+        pytest.skip("plugins/build was configured with DFLASH_ENABLE_CUDA=OFF")
     result = subprocess.run(
         ["cmake", "--build", str(BUILD_DIR), "--target", "dflash_plugins_cuda", "-j", "4"],
         capture_output=True, text=True, timeout=600, check=False,
     )
-    if "No rule to make target" in result.stdout + result.stderr:
-        pytest.skip("plugins/build was configured without CUDA (DFLASH_ENABLE_CUDA=OFF or no nvcc then)")
     assert result.returncode == 0, result.stdout + result.stderr
     library = ctypes.CDLL(str(BUILD_DIR / "libdflash_plugins_cuda.so"))
     for name in ("dflash_tree_mask_cuda", "dflash_kv_compact_linear_cuda", "dflash_kv_compact_paged_cuda",
@@ -184,3 +183,28 @@ def test_cuda_c_api_library_builds_and_fails_gracefully_without_gpu() -> None:
     code = fn(None, None, 1, 4, 4, None, None, None, None, ctypes.byref(detail))
     assert code == kernels.ERR_CUDA and detail.value != 0
     assert build(1, 4, 5, 8) == kernels.ERR_CUDA and detail.value != 0
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_a_build_dir_configured_without_nvcc_gets_the_cuda_targets(tmp_path: Path) -> None:
+    """A build directory configured while nvcc was not on PATH caches CMAKE_CUDA_COMPILER=NOTFOUND, so the CUDA
+    library test answered "No rule to make target 'dflash_plugins_cuda'" and skipped on every run, nvcc or not.
+    configure_cuda() configures the CUDA targets with the nvcc find_nvcc() finds."""
+    from test_plugin_support import configure_cuda
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    for part in ("CMakeLists.txt", "include", "src", "tests"):
+        (shutil.copytree if (PLUGINS / part).is_dir() else shutil.copy2)(PLUGINS / part, plugins / part)
+    build = plugins / "build"
+    env = {**os.environ, "PATH": os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
+                                                  if not (Path(p) / "nvcc").exists())}
+    subprocess.run([shutil.which("cmake"), "-S", str(plugins), "-B", str(build)], env=env, check=True,
+                   capture_output=True)
+    assert "CMAKE_CUDA_COMPILER:FILEPATH=NOTFOUND" in (build / "CMakeCache.txt").read_text()
+    assert configure_cuda(plugins, build)
+    result = subprocess.run(["cmake", "--build", str(build), "--target", "dflash_plugins_cuda", "-j", "2"],
+                            capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (build / "libdflash_plugins_cuda.so").is_file()

@@ -90,6 +90,16 @@ def test_load_plugin_library_missing_says_how_to_build(tmp_path: Path) -> None:
         plugins.load_plugin_library(tmp_path / "nope.so")
 
 
+def test_a_missing_plugin_library_is_a_dflash_error(tmp_path: Path) -> None:
+    """run.py --engine_dir without the plugin library ended in a traceback (exit 1): the loader raised a bare
+    FileNotFoundError, which the CLIs' one-line handler (DFlashError) does not take. It is both now."""
+    from tensorrt_llm_dflash.errors import DFlashError
+
+    with pytest.raises(DFlashError, match="libdflash_trt_plugins.so not found") as raised:
+        plugins.load_plugin_library(tmp_path / "nope.so")
+    assert isinstance(raised.value, FileNotFoundError)  # what _create_plugin and older callers catch
+
+
 def test_library_without_init_function_is_refused(tmp_path: Path) -> None:
     """An old library (REGISTER_TENSORRT_PLUGIN, namespace "") has no initDFlashPlugins."""
     source = tmp_path / "old.c"
@@ -98,6 +108,35 @@ def test_library_without_init_function_is_refused(tmp_path: Path) -> None:
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     with pytest.raises(RuntimeError, match="has no initDFlashPlugins: rebuild plugins/"):
         plugins.load_plugin_library(library)
+
+
+def test_a_corrupt_or_truncated_plugin_library_is_named_not_a_crash(tmp_path: Path) -> None:
+    """A library a killed link or copy left half-written: ctypes raised a bare OSError ("file too short")
+    for a short one, and a truncated one whose segments reach past its end killed Python with SIGBUS
+    inside dlopen (no message at all). Both are refused by name, before dlopen, saying to rebuild."""
+    import _ctypes
+
+    whole = Path(_ctypes.__file__).read_bytes()  # any real shared library
+    cases = {"garbage.so": b"not a library\n", "truncated.so": whole[:4096], "half.so": whole[: len(whole) // 2]}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    code = (
+        "import sys\n"
+        "from tensorrt_llm_dflash.trtllm import plugins\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        plugins.load_plugin_library(path)\n"
+        "    except getattr(plugins, 'PluginLibraryError', Exception) as err:\n"  # before the fix: any exception
+        "        print(err)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, *(str(tmp_path / name) for name in cases)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == len(cases), result.stdout
+    for line, name in zip(lines, cases):
+        assert f"{tmp_path / name} is not a loadable shared library" in line, line
+        assert "rebuild" in line and "DFLASH_TRT_PLUGIN_LIB" in line, line
 
 
 @pytest.fixture

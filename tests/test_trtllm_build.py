@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tensorrt_llm_dflash.trtllm import build
+from tensorrt_llm_dflash.trtllm.plugins import load_plugin_library as REAL_LOAD_PLUGIN_LIBRARY
 
 #: The attention fields of converted checkpoints (config.json): Qwen3-8B, which TensorRT-LLM's
 #: tree-verification kernels run (head group 4, head size 128).
@@ -44,7 +45,20 @@ def fake_trtllm(monkeypatch):
     """Stand-ins: tensorrt_llm.commands.build.main records sys.argv; MODEL_MAP is a dict."""
     calls: dict = {"argv": None, "plugins": 0, "registered": 0}
     commands_build = types.ModuleType("tensorrt_llm.commands.build")
-    commands_build.main = lambda: calls.__setitem__("argv", list(sys.argv))
+
+    def fake_main() -> None:
+        """Records sys.argv and, as a real build does, writes config.json and a rank engine per rank into
+        --output_dir when it exists (the staging directory of a DFlash build)."""
+        calls["argv"] = list(sys.argv)
+        out, ckpt = (build._flag_value(sys.argv[1:], flag) for flag in ("--output_dir", "--checkpoint_dir"))
+        if out is None or not Path(out).is_dir() or ckpt is None:
+            return
+        out = Path(out)
+        config = json.loads((Path(ckpt) / "config.json").read_text())
+        for name in ["config.json", *(f"rank{r}.engine" for r in range(config["mapping"]["world_size"]))]:
+            (out / name).write_text("built")
+
+    commands_build.main = fake_main
     for name, module in {
         "tensorrt_llm": types.ModuleType("tensorrt_llm"),
         "tensorrt_llm.commands": types.ModuleType("tensorrt_llm.commands"),
@@ -275,7 +289,11 @@ def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_c
     package.mkdir(parents=True)
     (package.parent / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
-    (package / "build.py").write_text("import sys\nCALLS = []\ndef main():\n    CALLS.append(list(sys.argv))\n")
+    (package / "build.py").write_text(
+        "import pathlib, sys\nCALLS = []\ndef main():\n    CALLS.append(list(sys.argv))\n"
+        "    if '--output_dir' in sys.argv:  # an engine, as a real build writes it\n"
+        "        for name in ('config.json', 'rank0.engine'):\n"
+        "            (pathlib.Path(sys.argv[sys.argv.index('--output_dir') + 1]) / name).write_text('built')\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     for name in ("tensorrt_llm", "tensorrt_llm.commands", "tensorrt_llm.commands.build"):
         monkeypatch.delitem(sys.modules, name, raising=False)
@@ -462,3 +480,129 @@ def test_a_dflash_build_never_writes_over_its_checkpoint_and_a_failed_build_publ
         build.main(["--checkpoint_dir", str(ckpt), "--output_dir", str(engine), "--speculative_decoding_mode", "dflash"])
     assert (engine / "config.json").read_text() == "previous" and (engine / "rank0.engine").read_text() == "previous"
     assert not list(tmp_path.glob(".engine.staging-*"))
+
+
+def test_a_missing_or_damaged_plugin_library_is_one_line_before_the_build(fake_trtllm, dflash_ckpt, tmp_path, capsys,
+                                                                        monkeypatch):
+    """trtllm-build --speculative_decoding_mode dflash without a usable libdflash_trt_plugins.so ended in a Python
+    traceback (FileNotFoundError, or ctypes' bare OSError for a damaged file); now one line naming the file, exit 2,
+    and nothing built or published."""
+    from tensorrt_llm_dflash.trtllm import plugins
+
+    monkeypatch.setattr(plugins, "load_plugin_library", REAL_LOAD_PLUGIN_LIBRARY)
+    monkeypatch.setattr(plugins, "REPO_BUILD_DIR", tmp_path / "no_build")
+    argv = ["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine", "--speculative_decoding_mode", "dflash"]
+    damaged = tmp_path / "libdflash_trt_plugins.so"
+    damaged.write_bytes(b"\x7fELF half a library")
+    for library, says in ((tmp_path / "absent.so", "libdflash_trt_plugins.so not found (tried"),
+                          (damaged, f"{damaged} is not a loadable shared library")):
+        monkeypatch.setenv(plugins.PLUGIN_LIBRARY_ENV_VAR, str(library))
+        assert build.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and len(err.strip().splitlines()) == 1, err
+    assert fake_trtllm["argv"] is None and not (tmp_path / "engine").exists()
+
+
+def test_the_current_directory_and_a_symlinked_output_dir(fake_trtllm, tmp_path, capsys):
+    """--output_dir . or .. is refused by one check shared with files.publish_dir (files.holds_current_directory),
+    worded for the flag; an --output_dir that is a link to a directory publishes the engine where it points and
+    keeps the link (the link was replaced by a real directory and hidden under a staging name)."""
+    (tmp_path / "ckpt").mkdir()
+    dflash_ckpt = write_ckpt(tmp_path / "ckpt")
+    for output in (".", "..", str(tmp_path)):
+        assert build.main(["--checkpoint_dir", str(dflash_ckpt), "--output_dir", output,
+                           "--speculative_decoding_mode", "dflash"]) == 2
+        err = capsys.readouterr().err
+        assert f"--output_dir={output!r} is (or holds) the current directory: the engine directory is published " \
+               "whole, replacing it" in err, err
+    assert fake_trtllm["argv"] is None
+    real = tmp_path / "disk" / "engine"
+    real.mkdir(parents=True)
+    (tmp_path / "engine").symlink_to(real)
+
+    def build_engine():
+        out = Path(sys.argv[sys.argv.index("--output_dir") + 1])
+        (out / "config.json").write_text("engine")
+        (out / "rank0.engine").write_text("engine")
+
+    sys.modules["tensorrt_llm.commands.build"].main = build_engine
+    assert build.main(["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine",
+                       "--speculative_decoding_mode", "dflash"]) == 0
+    assert (tmp_path / "engine").is_symlink() and (real / "rank0.engine").read_text() == "engine"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_a_dry_run_or_an_incomplete_build_never_replaces_the_engine(fake_trtllm, tmp_path, capsys):
+    """``--dry_run`` over an existing engine directory deleted its rank engines: TensorRT-LLM writes config.json
+    alone in a dry run, and that staging directory was published whole in place of the engine. A dry run now
+    publishes nothing, and a build whose staging directory lacks a rank engine of the checkpoint's world size is
+    refused by name, the previous engine kept."""
+    (tmp_path / "ckpt").mkdir()
+    ckpt = write_ckpt(tmp_path / "ckpt", mapping={"world_size": 2, "tp_size": 2, "pp_size": 1})
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    for name in ("config.json", "rank0.engine", "rank1.engine"):
+        (engine / name).write_text("previous")
+    written: list[list[str]] = []
+
+    def build_writing(*names: str):
+        def main():
+            out = Path(sys.argv[sys.argv.index("--output_dir") + 1])
+            for name in names:
+                (out / name).write_text("new")
+            written.append(sorted(p.name for p in out.iterdir()))
+        return main
+
+    argv = ["--checkpoint_dir", str(ckpt), "--output_dir", "engine", "--speculative_decoding_mode", "dflash"]
+    commands_build = sys.modules["tensorrt_llm.commands.build"]
+    commands_build.main = build_writing("config.json")  # what TensorRT-LLM's Engine.save writes in a dry run
+    assert build.main([*argv, "--dry_run"]) == 0
+    assert "--dry_run: nothing is published" in capsys.readouterr().err
+    assert written == [["config.json"]]
+    commands_build.main = build_writing("config.json", "rank0.engine")  # a rank missing, however that came about
+    for code, says in ((2, "the build wrote no complete engine: it has no rank1.engine (the checkpoint's world_size "
+                           "is 2); engine is unchanged"), (0, "")):
+        if code == 0:
+            commands_build.main = build_writing("config.json", "rank0.engine", "rank1.engine")
+        assert build.main(argv) == code
+        err = capsys.readouterr().err
+        assert says in err, err
+        kept = code == 2
+        assert all((engine / name).read_text() == ("previous" if kept else "new")
+                   for name in ("config.json", "rank0.engine", "rank1.engine"))
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_context_logits_are_refused_by_name_before_tensorrt_llm_starts(fake_trtllm, dflash_ckpt, capsys):
+    """``--gather_context_logits`` reached TensorRT-LLM's main, which raises a RuntimeError for any draft length
+    (tensorrt_llm/commands/build.py): a traceback after TensorRT-LLM's import. Now one line, exit 2."""
+    for flag in ("--gather_context_logits", "--gather_context"):
+        assert build.main(["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine", flag,
+                           "--speculative_decoding_mode", "dflash"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --gather_context_logits: ") and len(err.strip().splitlines()) == 1, err
+    assert fake_trtllm["argv"] is None
+
+
+def test_a_draft_length_left_in_the_environment_never_overrides_the_checkpoint(fake_trtllm, dflash_ckpt,
+                                                                                 monkeypatch):
+    """$TRTLLM_DFLASH_MAX_DRAFT_LEN carries --max_draft_len to DFlashConfig; without the flag it was left as it was,
+    so a value exported in the shell, or set by an earlier build in the same process, became the engine's
+    max_draft_len unchecked (40 over a checkpoint of 7; 300, past the 256 limit, alike). Now the build sees
+    exactly the flag, or none (the checkpoint's value)."""
+    import os
+
+    seen = []
+    build_main = sys.modules["tensorrt_llm.commands.build"].main
+
+    def recording_main():
+        seen.append(os.environ.get(build.MAX_DRAFT_LEN_ENV))
+        build_main()
+
+    sys.modules["tensorrt_llm.commands.build"].main = recording_main
+    argv = ["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine", "--speculative_decoding_mode", "dflash"]
+    monkeypatch.setenv(build.MAX_DRAFT_LEN_ENV, "300")
+    assert build.main(argv) == 0
+    assert build.main([*argv, "--max_draft_len", "40"]) == 0
+    assert build.main(argv) == 0
+    assert seen == [None, "40", None]

@@ -440,3 +440,158 @@ def test_sharded_target_and_attention_biases(tmp_path):
     expected = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
     torch.testing.assert_close(merged["transformer.layers.0.attention.qkv.bias"], expected)
     torch.testing.assert_close(merged["transformer.layers.0.attention.dense.bias"], attn.o_proj.bias)
+
+
+# ------------------------------------------------------- refusals before the weights load
+
+
+def _convert_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """examples/convert_checkpoint.py's main in this process: (exit status, stderr)."""
+    from example_cli import load_example
+
+    try:
+        code = load_example("convert_checkpoint").main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def no_weights_read(monkeypatch):
+    """Reading any weight file raises: what is refused here must be refused from the configs alone."""
+    import safetensors
+
+    from tensorrt_llm_dflash import drafter
+    from tensorrt_llm_dflash.trtllm import weight
+
+    def trap(*_args, **_kwargs):
+        raise AssertionError("a weight file was read")
+
+    monkeypatch.setattr(safetensors, "safe_open", trap)
+    monkeypatch.setattr(weight, "read_hf_safetensors", trap)
+    monkeypatch.setattr(drafter, "read_safetensors_dir", trap)
+
+
+def test_config_refusals_come_before_any_weight_is_read(tmp_path, saved_pair, no_weights_read, capsys):
+    """A tensor-parallel size that does not divide the heads, a drafter made for another target and an
+    unsupported "auto" dtype were refused only after every weight of both models was in memory (minutes and
+    16 GB for an 8B target); the configs alone decide them."""
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    target_dir, drafter_dir = saved_pair
+    out = tmp_path / "ckpt"
+    with pytest.raises(DFlashConfigError, match="num_attention_heads=4 is not divisible by tp_size=3"):
+        convert_checkpoint(target_dir, drafter_dir, out, tp_size=3, progress=False)
+    config = json.loads((drafter_dir / "config.json").read_text())
+    _edit_config(drafter_dir, hidden_size=48)
+    with pytest.raises(DFlashConfigError, match="hidden_size mismatch: drafter hidden_size=48, target hidden_size=32"):
+        convert_checkpoint(target_dir, drafter_dir, out, progress=False)
+    (drafter_dir / "config.json").write_text(json.dumps(config))
+    _edit_config(target_dir, torch_dtype="float64")
+    with pytest.raises(DFlashConfigError, match=r"dtype='auto'.*torch_dtype='float64'.*--dtype"):
+        convert_checkpoint(target_dir, drafter_dir, out, progress=False)
+    _edit_config(target_dir, torch_dtype="float32")
+    # The command line names the flag and the value, in one line, before anything loads.
+    code, err = _convert_cli(["--model_dir", str(target_dir), "--dflash_model_dir", str(drafter_dir),
+                              "--output_dir", str(out), "--tp_size", "3", "--no_progress"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "argument --tp_size: target num_attention_heads=4 is not divisible by tp_size=3" in err, err
+    assert not out.exists()
+
+
+def test_a_damaged_target_is_named_not_a_traceback(tmp_path, saved_pair, capsys):
+    """A truncated target shard, an index naming a missing shard, a malformed or incomplete config.json
+    ended the conversion in a Python traceback (exit 1); each is now one line naming the file (exit 2)."""
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    target_dir, drafter_dir = saved_pair
+    out = tmp_path / "ckpt"
+    weights = target_dir / "model.safetensors"
+    intact = weights.read_bytes()
+
+    def refused(match: str) -> None:
+        with pytest.raises(DFlashConfigError, match=match):
+            convert_checkpoint(target_dir, drafter_dir, out, progress=False)
+        code, err = _convert_cli(["--model_dir", str(target_dir), "--dflash_model_dir", str(drafter_dir),
+                                  "--output_dir", str(out), "--no_progress"], capsys)
+        assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert err.startswith("error: "), err
+
+    weights.write_bytes(intact[: len(intact) // 2])
+    refused(f"target weights {weights} ")
+    weights.write_bytes(intact)
+    index = target_dir / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"lm_head.weight": "model-00002.safetensors"}}))
+    refused(r"target index .*model.safetensors.index.json names files that are missing: \['model-00002.safetensors'\]")
+    index.write_text("{not json")
+    refused(r"target index .*model.safetensors.index.json is damaged")
+    index.unlink()
+    config_text = (target_dir / "config.json").read_text()
+    (target_dir / "config.json").write_text(config_text[:-10])
+    refused(r"target .*config.json is not valid JSON")
+    config = json.loads(config_text)
+    del config["num_attention_heads"]
+    (target_dir / "config.json").write_text(json.dumps(config))
+    refused(r"target .*config.json has no num_attention_heads")
+    assert not out.exists()
+
+
+def test_a_symlinked_output_dir_is_published_through_its_link(tmp_path, saved_pair):
+    """``--output_dir ckpt`` with ckpt -> a directory on another disk: the checkpoint was published in place
+    of the link (a real directory beside it), the link itself moved to a hidden ``.ckpt.staging-*`` entry that
+    no later run removed, and the directory it pointed at kept the old checkpoint. The result now goes where
+    the link points, and the link stays."""
+    target_dir, drafter_dir = saved_pair
+    real = tmp_path / "disk" / "ckpt"
+    real.mkdir(parents=True)
+    (real / "README.md").write_text("mine")
+    link = tmp_path / "ckpt"
+    link.symlink_to(real)
+    for dtype in ("float32", "float16"):
+        convert_checkpoint(target_dir, drafter_dir, link, dtype=dtype, progress=False)
+        assert link.is_symlink() and link.resolve() == real.resolve()
+        assert json.loads((real / "config.json").read_text())["dtype"] == dtype
+        assert (real / "README.md").read_text() == "mine"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "disk", "drafter", "target"]
+        assert sorted(p.name for p in real.parent.iterdir()) == ["ckpt"]
+
+
+def test_weights_that_float16_cannot_hold_or_that_are_not_finite_are_refused(tmp_path, saved_pair):
+    """``--dtype float16`` turned a weight beyond float16's range (65504) into inf without a word, and a target
+    weight that was already NaN or inf went into the checkpoint as it was (the drafter's are checked on load):
+    an engine of either computes NaNs. Both are refused naming the tensor; bfloat16 holds the large weight."""
+    from safetensors.torch import save_file
+
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    target_dir, drafter_dir = saved_pair
+    tensors = load_file(str(target_dir / "model.safetensors"))
+    tensors["model.layers.1.mlp.down_proj.weight"][0, 0] = 1e5
+    save_file(tensors, str(target_dir / "model.safetensors"))
+    with pytest.raises(DFlashConfigError, match=r"transformer\.layers\.1\.mlp\.proj\.weight has values beyond "
+                                                r"float16's range \(largest magnitude 100000 > 65504\).*bfloat16"):
+        convert_checkpoint(target_dir, drafter_dir, tmp_path / "ckpt", dtype="float16", progress=False)
+    assert not (tmp_path / "ckpt").exists()
+    convert_checkpoint(target_dir, drafter_dir, tmp_path / "ckpt", dtype="bfloat16", progress=False)
+    tensors["model.layers.1.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, str(target_dir / "model.safetensors"))
+    for dtype in ("float32", "bfloat16"):
+        with pytest.raises(DFlashConfigError, match=r"transformer\.layers\.1\.mlp\.proj\.weight holds NaN or "
+                                                    r"infinite values in the source checkpoint"):
+            convert_checkpoint(target_dir, drafter_dir, tmp_path / "ckpt", dtype=dtype, progress=False)
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["dtype"] == "bfloat16"  # the good one stays
+
+
+def test_the_api_never_writes_over_a_model_it_reads(tmp_path, saved_pair):
+    """The command line refused ``--output_dir`` equal to a model directory, convert_checkpoint() did not: it
+    published the checkpoint's config.json over the target's own (the HF model was unusable afterwards), also
+    through a link to it. Refused by name, before anything is read or written."""
+    from tensorrt_llm_dflash.errors import DFlashConfigError
+
+    target_dir, drafter_dir = saved_pair
+    (tmp_path / "link").symlink_to(target_dir)
+    before = {p.name: p.read_bytes() for d in (target_dir, drafter_dir) for p in d.iterdir()}
+    for output, name in ((target_dir, "target"), (drafter_dir, "drafter"), (tmp_path / "link", "target")):
+        with pytest.raises(DFlashConfigError, match=f"output_dir={str(output)!r} is the {name} directory"):
+            convert_checkpoint(target_dir, drafter_dir, output, progress=False)
+    assert {p.name: p.read_bytes() for d in (target_dir, drafter_dir) for p in d.iterdir()} == before

@@ -25,11 +25,14 @@ So ``dflash`` is this project's own CLI name. This entry point:
    reads, so ``model.config.max_draft_len`` always equals the flag: ``build`` copies the
    config's value into ``build_config.max_draft_len`` when the flag is absent (1.2), and
    older releases overwrote the flag with it. An environment variable also reaches
-   ``mpirun`` ranks and the ``spawn`` workers of ``parallel_build``;
+   ``mpirun`` ranks and the ``spawn`` workers of ``parallel_build``. Without the flag it is
+   removed, so a value left in the environment never replaces the checkpoint's unchecked;
 5. loads the plugin library (``trtllm/plugins.py``; spawn workers load it on first use) and registers
    ``MODEL_MAP["DFlashForCausalLM"]`` (``PretrainedConfig.from_dict`` and ``build_model``
    resolve the architecture through it), then calls
-   ``tensorrt_llm.commands.build.main()``, which reads ``sys.argv``.
+   ``tensorrt_llm.commands.build.main()``, which reads ``sys.argv``, with ``--output_dir`` a
+   staging sibling published whole only when it holds config.json and every rank's engine
+   (a ``--dry_run`` publishes nothing).
 
 It runs as ``dflash-trtllm-build``, ``python -m tensorrt_llm_dflash.trtllm.build``, or as
 TensorRT-LLM's own ``trtllm-build`` through the start-up hook (``trtllm/hook.py``).
@@ -55,7 +58,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import DFlashConfigError, DFlashError
-from ..files import publish_dir
+from ..files import holds_current_directory, publish_dir
 from .constants import ARCHITECTURE, DFLASH_MODE, MAX_DRAFT_LEN_ENV, MAX_ENGINE_DRAFT_LEN, MODE_FLAG, TRTLLM_MODE
 from .dflash2_support import check_section
 from .kernel_support import DEFAULT_TOKENS_PER_BLOCK, TargetAttention, device_sm, spec_decoding_kernel
@@ -202,8 +205,7 @@ def check_output_dir(argv: list[str]) -> Path:
                                 "would replace the checkpoint's; give the engine a directory of its own")
     if output.exists() and not output.is_dir():
         raise DFlashConfigError(f"--output_dir={str(output)!r} exists and is not a directory")
-    here = Path.cwd().resolve()
-    if output.resolve() == here or output.resolve() in here.parents:
+    if holds_current_directory(output) is not None:
         raise DFlashConfigError(f"--output_dir={str(output)!r} is (or holds) the current directory: the engine "
                                 "directory is published whole, replacing it; give the engine a directory of its own")
     return output
@@ -316,6 +318,10 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
     if section.get("dflash2") is not None:  # a DFlash2 drafter: what the engine builds of it
         check_section(section["dflash2"], hidden_size=_positive_int(section, "hidden_size", f"{where} dflash."),
                       vocab_size=_positive_int(config, "vocab_size", f"{where} "), where=f"{where} dflash.dflash2")
+    if any(option.flag == "--gather_context_logits" for option in _options(argv)):
+        # TensorRT-LLM's main raises it for any draft length, after its import: a traceback, not a refusal.
+        raise DFlashConfigError("--gather_context_logits: TensorRT-LLM builds no engine with a draft length and "
+                                "context logits (tensorrt_llm/commands/build.py, main); leave it out")
     check_kernels(argv, config, Path(ckpt) / "config.json")
     return True, max_draft_len
 
@@ -378,9 +384,15 @@ def main(argv: list[str] | None = None) -> int:
     if dflash_checkpoint:
         if max_draft_len is not None:
             os.environ[MAX_DRAFT_LEN_ENV] = str(max_draft_len)
+        else:  # a value left in the environment (or by an earlier build here) would override the checkpoint's
+            os.environ.pop(MAX_DRAFT_LEN_ENV, None)
         from .plugins import load_plugin_library
 
-        load_plugin_library()  # the engine's DFlashTreeMask / DFlashKVCompact layers
+        try:
+            load_plugin_library()  # the engine's DFlashTreeMask / DFlashKVCompact layers
+        except (OSError, RuntimeError) as err:  # missing, damaged or foreign: one line, before anything is built
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     # Registered for every build: a plain checkpoint builds exactly as with trtllm-build.
     register_model()
     from tensorrt_llm.commands import build as commands_build
@@ -391,10 +403,44 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv = ["trtllm-build", *translated]
         trtllm_build_main()
         return 0
-    with publish_dir(output_dir, ENGINE_FILES) as staging:
-        sys.argv = ["trtllm-build", *_with_flag_value(translated, "--output_dir", str(staging))]
-        trtllm_build_main()
+    # A dry run writes config.json alone (Engine.save without an engine): published, it replaced the engine.
+    dry_run = any(option.flag == "--dry_run" for option in _options(translated))
+    try:
+        with publish_dir(output_dir, ENGINE_FILES) as staging:
+            sys.argv = ["trtllm-build", *_with_flag_value(translated, "--output_dir", str(staging))]
+            trtllm_build_main()
+            if dry_run:
+                raise _Unpublished(f"--dry_run: nothing is published; {output_dir} is unchanged", 0)
+            missing = missing_engine_files(staging, translated)
+            if missing:
+                raise _Unpublished(f"the build wrote no complete engine: it has no {', '.join(missing)} (the "
+                                   f"checkpoint's world_size is {_world_size(translated)}); {output_dir} is unchanged",
+                                   2)
+    except _Unpublished as unpublished:
+        print(f"{'note' if unpublished.code == 0 else 'error'}: {unpublished}", file=sys.stderr)
+        return unpublished.code
     return 0
+
+
+class _Unpublished(Exception):
+    """The staging directory is not an engine to publish (a dry run, a rank missing); the exit status to return."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _world_size(argv: list[str]) -> int:
+    """The rank count of the checkpoint being built (its config.json, checked by check_checkpoint)."""
+    config = read_config(_flag_value(argv, "--checkpoint_dir"), True) or {}
+    mapping = config.get("mapping") or {}
+    return int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
+
+
+def missing_engine_files(directory: Path, argv: list[str]) -> list[str]:
+    """The files of a complete engine (config.json, a ``rank{N}.engine`` per rank) that ``directory`` lacks."""
+    expected = ["config.json", *(f"rank{rank}.engine" for rank in range(_world_size(argv)))]
+    return [name for name in expected if not (directory / name).is_file()]
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import DFlashInputError
+from ..errors import DFlashError, DFlashInputError
+from ..kernels import shared_library_problem
 from ..tree import MAX_TREE_NODES
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,6 +54,28 @@ LAYOUT_PAGED = 1
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
+class PluginLibraryError(DFlashError, RuntimeError):
+    """A plugin library file that cannot be loaded: not a shared library, truncated, or refused by dlopen."""
+
+
+class PluginLibraryNotFound(DFlashError, FileNotFoundError):
+    """No plugin library where one is looked for. A DFlashError, so the command-line tools report it in one line
+    (a bare FileNotFoundError was a traceback); a FileNotFoundError, as it always was."""
+
+
+def _open_library(candidate: Path) -> ctypes.CDLL:
+    """dlopen ``candidate`` globally, after checking that it is a whole shared library."""
+    advice = (f"rebuild it (cmake --build plugins/build) or point ${PLUGIN_LIBRARY_ENV_VAR} at a complete "
+              f"{PLUGIN_LIBRARY_NAME}")
+    problem = shared_library_problem(candidate)
+    if problem is not None:
+        raise PluginLibraryError(f"{candidate} is not a loadable shared library: {problem}; {advice}")
+    try:
+        return ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+    except OSError as err:  # e.g. built for another machine, or a dependency (libnvinfer) missing
+        raise PluginLibraryError(f"{candidate} cannot be loaded: {err}; {advice}") from None
+
+
 def plugin_library_candidates() -> list[Path]:
     """Where :func:`load_plugin_library` looks when no path is given, in order."""
     from ..kernels import library_candidates
@@ -72,12 +95,12 @@ def load_plugin_library(path: str | os.PathLike[str] | None = None) -> ctypes.CD
         if key in _loaded:
             return _loaded[key]
         if candidate.is_file():
-            library = ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            library = _open_library(candidate)
             _register_creators(library, candidate)
             _loaded[key] = library
             return library
     tried = ", ".join(str(c) for c in candidates)
-    raise FileNotFoundError(
+    raise PluginLibraryNotFound(
         f"{PLUGIN_LIBRARY_NAME} not found (tried {tried}). Build it on a machine with TensorRT 10.x: "
         "'cmake -S plugins -B plugins/build -DTensorRT_ROOT=<prefix> && cmake --build plugins/build', "
         f"or point ${PLUGIN_LIBRARY_ENV_VAR} at it"

@@ -45,6 +45,7 @@ as published; ``...codebook.weight`` is read too and written without the suffix)
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,20 +113,38 @@ def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: i
 # ------------------------------------------------------------------------- HF input
 
 
-def read_hf_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of an HF checkpoint directory (single file or index-sharded)."""
-    from safetensors.torch import load_file
-
+def _target_files(model_dir: Path) -> list[str]:
+    """The safetensors files of an HF checkpoint directory (its index's, else every ``*.safetensors``);
+    a damaged index or a shard it names that is absent is a DFlashConfigError naming it."""
     index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
+    if not index.is_file():
         files = sorted(p.name for p in model_dir.glob("*.safetensors"))
-    if not files:
-        raise DFlashConfigError(f"target directory {str(model_dir)!r} has no *.safetensors files")
+        if not files:
+            raise DFlashConfigError(f"target directory {str(model_dir)!r} has no *.safetensors files")
+        return files
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        files = sorted(set(weight_map.values()))
+        if not files or not all(isinstance(f, str) for f in files):
+            raise ValueError(f"weight_map names no files: {weight_map!r}"[:200])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise DFlashConfigError(f"target index {index} is damaged: {type(err).__name__}: {err} (expected a JSON "
+                                "object with a weight_map of tensor name -> file)") from err
+    absent = [f for f in files if not (model_dir / f).is_file()]
+    if absent:
+        raise DFlashConfigError(f"target index {index} names files that are missing: {absent}")
+    return files
+
+
+def read_hf_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an HF checkpoint directory (single file or index-sharded). A truncated or
+    damaged file is a DFlashConfigError naming it (safetensors' own error was a traceback)."""
+    from ..drafter import read_safetensors_file
+
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(str(model_dir / name)))
+    for name in _target_files(model_dir):
+        file_tensors, _ = read_safetensors_file(model_dir / name, "target weights")
+        tensors.update(file_tensors)
     return tensors
 
 
@@ -152,25 +171,44 @@ class TargetSpec:
         path = model_dir / "config.json"
         if not path.is_file():
             raise DFlashConfigError(f"target directory {str(model_dir)!r} has no config.json")
-        hf = json.loads(path.read_text())
+        try:
+            hf = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as err:
+            raise DFlashConfigError(f"target {path} cannot be read ({err})") from None
+        except json.JSONDecodeError as err:
+            raise DFlashConfigError(f"target {path} is not valid JSON ({err})") from None
+        if not isinstance(hf, dict):
+            raise DFlashConfigError(f"target {path} holds a JSON {type(hf).__name__}, a JSON object is required")
         model_type = str(hf.get("model_type", ""))
         if model_type not in SUPPORTED_TARGETS:
             raise DFlashConfigError(
                 f"target model_type={model_type!r} is not supported; supported: {sorted(SUPPORTED_TARGETS)}"
             )
-        heads = int(hf["num_attention_heads"])
-        hidden = int(hf["hidden_size"])
+
+        def size(key: str, fallback: int | None = None) -> int:
+            """A positive integer field; a missing or malformed one is named (it was a KeyError traceback)."""
+            value = hf.get(key)
+            if value is None or (fallback is not None and not value):  # HF writes null for "derive it"
+                value = fallback
+            if value is None:
+                raise DFlashConfigError(f"target {path} has no {key}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DFlashConfigError(f"target {path} {key}={value!r}: a positive integer is required")
+            return value
+
+        heads = size("num_attention_heads")
+        hidden = size("hidden_size")
         return cls(
             model_type=model_type,
             family=SUPPORTED_TARGETS[model_type],
             hf_config=hf,
             hidden_size=hidden,
-            num_layers=int(hf["num_hidden_layers"]),
+            num_layers=size("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_size=int(hf.get("head_dim") or hidden // heads),
-            intermediate_size=int(hf["intermediate_size"]),
-            vocab_size=int(hf["vocab_size"]),
+            num_kv_heads=size("num_key_value_heads", heads),
+            head_size=size("head_dim", hidden // heads),
+            intermediate_size=size("intermediate_size"),
+            vocab_size=size("vocab_size"),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             # Qwen2 has q/k/v biases; Qwen3 and Llama only with attention_bias (qwen/config.py).
             attn_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
@@ -403,10 +441,33 @@ def convert_rank(
         # selector scores the gathered logits of every rank alike.
         for name in sorted(dflash2_tensor_names(drafter)):
             out[DRAFTER_PREFIX + name] = _get(drafter_tensors, name).clone()
-    converted = {name: t.to(dtype).contiguous() for name, t in out.items()}
+    converted = {name: _finite_as(name, t, dtype) for name, t in out.items()}
     if drafter.draft_vocab_size is not None:
         converted[DRAFTER_PREFIX + "d2t"] = _get(drafter_tensors, "d2t").to(torch.int32).contiguous()
     return converted
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """A finite sum proves every element finite (one pass, no mask); an overflowing sum falls back to the test."""
+    if tensor.numel() == 0:
+        return True
+    total = tensor.sum(dtype=torch.float64 if tensor.dtype == torch.float64 else torch.float32)
+    return math.isfinite(float(total)) or bool(torch.isfinite(tensor).all())
+
+
+def _finite_as(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``, refused by name where a value is not finite: float16 stores anything past 65504
+    as inf (silently), and a NaN or inf already in the source would reach the engine as it is (the drafter's
+    weights are checked on load, the target's nowhere else). Either way the engine would compute NaNs."""
+    converted = tensor.to(dtype).contiguous()
+    if _all_finite(converted):
+        return converted
+    if not _all_finite(tensor):
+        raise DFlashConfigError(f"{name} holds NaN or infinite values in the source checkpoint: it is damaged")
+    largest = float(tensor.abs().max())
+    raise DFlashConfigError(f"{name} has values beyond {str(dtype).removeprefix('torch.')}'s range (largest "
+                            f"magnitude {largest:g} > {torch.finfo(dtype).max:g}): it would store them as inf; "
+                            "convert with --dtype bfloat16 (or float32)")
 
 
 def dflash2_tensor_names(drafter: DFlashDraftConfig) -> list[str]:
@@ -417,38 +478,55 @@ def dflash2_tensor_names(drafter: DFlashDraftConfig) -> list[str]:
                     "candidate_selector.successor_codebook"]
 
 
-def _read_drafter(drafter_dir: Path) -> tuple[DFlashDraftConfig, dict[str, torch.Tensor], Any]:
-    """(DFlash part of the config, tensors by published name, DFlash2 settings or None).
+def _read_drafter_config(drafter_dir: Path) -> tuple[DFlashDraftConfig, Any]:
+    """(DFlash part of the drafter's config, its whole DFlash2Config or None), from config.json alone.
 
-    A DFlash2 directory (its ``architectures``) goes through the DFlash2 loader's checks: config
-    fields, then tensor names and shapes from the headers before any weight is read."""
+    A DFlash2 directory (its ``architectures``) is checked against the engine's own limits here,
+    named by the drafter's field."""
     from ..dflash2 import is_dflash2_dir
-    from ..drafter import check_state_dict, check_tensor_values, read_safetensors_dir
 
     if not is_dflash2_dir(drafter_dir):
-        drafter = DFlashDraftConfig.from_pretrained(drafter_dir)
-        return drafter, check_state_dict(drafter, read_safetensors_dir(drafter_dir), source=drafter_dir), None
+        return DFlashDraftConfig.from_pretrained(drafter_dir), None
     from ..dflash2.config import DFlash2Config
-    from ..dflash2.loader import check_dflash2_names, read_header_shapes
 
     config = DFlash2Config.from_pretrained(drafter_dir)
-    # The engine's own limits, named by the drafter's field, before any weight is read.
     check_section(engine_section(config.dflash2), hidden_size=config.base.hidden_size,
                   vocab_size=config.base.vocab_size, where="dflash_config")
-    renamed = check_dflash2_names(config, read_header_shapes(drafter_dir), drafter_dir)
+    return config.base, config
+
+
+def _read_drafter_tensors(drafter_dir: Path, drafter: DFlashDraftConfig, dflash2_config: Any) -> dict[str, torch.Tensor]:
+    """The drafter's tensors by published name; a DFlash2 drafter's names and shapes are checked from the
+    headers before any weight is read (the DFlash2 loader's checks)."""
+    from ..drafter import check_state_dict, check_tensor_values, read_safetensors_dir
+
+    if dflash2_config is None:
+        return check_state_dict(drafter, read_safetensors_dir(drafter_dir), source=drafter_dir)
+    from ..dflash2.loader import check_dflash2_names, read_header_shapes
+
+    renamed = check_dflash2_names(dflash2_config, read_header_shapes(drafter_dir), drafter_dir)
     tensors = {renamed[name]: t for name, t in read_safetensors_dir(drafter_dir).items()}
     check_tensor_values(tensors, drafter_dir)
-    return config.base, tensors, config.dflash2
+    return tensors
 
 
-def load_and_check(
-    target_dir: str | Path, drafter_dir: str | Path
-) -> tuple[TargetSpec, dict[str, torch.Tensor], DFlashDraftConfig, dict[str, torch.Tensor], Any]:
-    """Read both checkpoints and refuse a drafter that does not fit the target. The last item is
-    the drafter's ``DFlash2Settings`` (None for a DFlash drafter)."""
-    target_dir, drafter_dir = Path(target_dir), Path(drafter_dir)
-    target = TargetSpec.from_dir(target_dir)
-    drafter, drafter_tensors, dflash2 = _read_drafter(drafter_dir)
+def read_configs(target_dir: str | Path, drafter_dir: str | Path) -> tuple[TargetSpec, DFlashDraftConfig, Any]:
+    """Both config.json files, the drafter checked against the target's sizes, without reading a weight:
+    ``(target, DFlash part of the drafter's config, its DFlash2Config or None)``. A pair that cannot
+    convert is refused here in seconds, not after both models are in memory."""
+    target = TargetSpec.from_dir(Path(target_dir))
+    drafter, dflash2_config = _read_drafter_config(Path(drafter_dir))
+    drafter.validate_for_target(hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                                num_hidden_layers=target.num_layers)
+    return target, drafter, dflash2_config
+
+
+def _read_tensors(
+    target_dir: Path, drafter_dir: Path, target: TargetSpec, drafter: DFlashDraftConfig, dflash2_config: Any
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(target tensors, drafter tensors), with the checks that need them: the target's embedding
+    rows (for the mask token) and the draft vocabulary's ``d2t``."""
+    drafter_tensors = _read_drafter_tensors(drafter_dir, drafter, dflash2_config)
     target_tensors = read_hf_safetensors(target_dir)
     embed = _get(target_tensors, "model.embed_tokens.weight")
     drafter.validate_for_target(
@@ -463,6 +541,18 @@ def load_and_check(
             raise DFlashConfigError(
                 f"d2t maps draft tokens outside the target vocabulary 0..{target.vocab_size - 1}"
             )
+    return target_tensors, drafter_tensors
+
+
+def load_and_check(
+    target_dir: str | Path, drafter_dir: str | Path
+) -> tuple[TargetSpec, dict[str, torch.Tensor], DFlashDraftConfig, dict[str, torch.Tensor], Any]:
+    """Read both checkpoints and refuse a drafter that does not fit the target. The last item is
+    the drafter's ``DFlash2Settings`` (None for a DFlash drafter)."""
+    target, drafter, dflash2_config = read_configs(target_dir, drafter_dir)
+    target_tensors, drafter_tensors = _read_tensors(Path(target_dir), Path(drafter_dir), target, drafter,
+                                                    dflash2_config)
+    dflash2 = None if dflash2_config is None else dflash2_config.dflash2
     return target, target_tensors, drafter, drafter_tensors, dflash2
 
 
@@ -487,6 +577,23 @@ def check_parallelism(target: TargetSpec, drafter: DFlashDraftConfig, tp_size: i
             raise DFlashConfigError(f"{who} intermediate_size={inter} is not divisible by tp_size={tp_size}")
 
 
+def resolve_dtype(dtype: str, target: TargetSpec) -> str:
+    """The checkpoint dtype: ``dtype`` itself, or for "auto" the target's own (``torch_dtype``, or
+    ``dtype`` in transformers 5), float32 when it names none."""
+    if dtype != "auto":
+        if dtype not in DTYPES:
+            raise DFlashConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+        return dtype
+    key = "torch_dtype" if target.hf_config.get("torch_dtype") else "dtype"
+    found = target.hf_config.get(key)
+    if not found:
+        return "float32"
+    if str(found) not in DTYPES:
+        raise DFlashConfigError(f"dtype='auto' reads the target's {key}={found!r}, which is not one of "
+                                f"{sorted(DTYPES)}; pass --dtype")
+    return str(found)
+
+
 def iter_ranks(
     target_dir: str | Path,
     drafter_dir: str | Path,
@@ -496,15 +603,18 @@ def iter_ranks(
     pp_size: int = 1,
     max_draft_len: int | None = None,
 ) -> Iterator[tuple[dict[str, Any], int, dict[str, torch.Tensor]]]:
-    """Yield ``(config, rank, tensors)`` for every rank; the config is the same each time."""
-    target, target_tensors, drafter, drafter_tensors, dflash2 = load_and_check(target_dir, drafter_dir)
+    """Yield ``(config, rank, tensors)`` for every rank; the config is the same each time.
+
+    Everything the configs decide (the pair, the mapping, the dtype, the draft length) is checked
+    before a weight is read."""
+    target, drafter, dflash2_config = read_configs(target_dir, drafter_dir)
     check_parallelism(target, drafter, tp_size, pp_size)
-    if dtype == "auto":
-        dtype = str(target.hf_config.get("torch_dtype") or target.hf_config.get("dtype") or "float32")
-    if dtype not in DTYPES:
-        raise DFlashConfigError(f"dtype={dtype!r} is not one of {sorted(DTYPES)}")
+    dtype = resolve_dtype(dtype, target)
+    dflash2 = None if dflash2_config is None else dflash2_config.dflash2
     config = trtllm_config(target, drafter, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
                            max_draft_len=max_draft_len, dflash2=dflash2)
+    target_tensors, drafter_tensors = _read_tensors(Path(target_dir), Path(drafter_dir), target, drafter,
+                                                    dflash2_config)
     for rank in range(tp_size * pp_size):
         yield config, rank, convert_rank(target, target_tensors, drafter, drafter_tensors,
                                          tp_size=tp_size, rank=rank, dtype=DTYPES[dtype], dflash2=dflash2)
@@ -533,6 +643,11 @@ def convert_checkpoint(
 
     from ..files import publish_dir
 
+    for name, source in (("target", target_dir), ("drafter", drafter_dir)):
+        # The checkpoint's config.json would replace the model's own (the command line refuses it too).
+        if Path(output_dir).resolve() == Path(source).resolve():
+            raise DFlashConfigError(f"output_dir={str(output_dir)!r} is the {name} directory; the checkpoint's "
+                                    "config.json would replace the model's: give it a directory of its own")
     ranks = iter_ranks(target_dir, drafter_dir, dtype=dtype, tp_size=tp_size, pp_size=pp_size,
                        max_draft_len=max_draft_len)
     config: dict[str, Any] = {}
