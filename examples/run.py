@@ -27,6 +27,9 @@ from tensorrt_llm_dflash.precision import guarantee, low_precision_warning  # no
 from tensorrt_llm_dflash.tree import MAX_DDTREE_BUDGET  # noqa: E402
 
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
+DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
+#: The file that marks a LoRA-inject adapter dir (lora_inject.CONFIG_NAME; not imported here: parsing stays light).
+LORA_INJECT_CONFIG = "dflash_lora_inject.json"
 #: Longest generation accepted on the command line; the target's own limit is checked after loading.
 MAX_OUTPUT_LEN = 1 << 20
 
@@ -47,8 +50,9 @@ def build_parser() -> cli.ArgumentParser:
                     help="TensorRT-LLM engine dir (implies --backend trt)")
     ap.add_argument("--tokenizer_dir", type=cli.existing_path, default=None, help="tokenizer for --engine_dir")
     ap.add_argument("--use_py_session", action="store_true", help="accepted for TensorRT-LLM compatibility")
-    ap.add_argument("--input_text", type=cli.utf8_text, nargs="+",
-                    default=["Write a Python function that checks whether a number is prime."])
+    # extend: a second --input_text adds its prompts (the store action silently dropped the first ones).
+    ap.add_argument("--input_text", type=cli.utf8_text, nargs="+", action="extend", default=None,
+                    help=f"one or more prompts; the flag may be repeated (default: {DEFAULT_PROMPT!r})")
     ap.add_argument("--no_chat_template", action="store_true", help="send the text as-is")
     ap.add_argument("--max_output_len", type=cli.integer(1, MAX_OUTPUT_LEN), default=128)
     ap.add_argument("--ddtree_budget", type=cli.integer(0, MAX_DDTREE_BUDGET), default=None,
@@ -70,7 +74,11 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--temperature", type=cli.number(0.0), default=0.0, help="0 = greedy")
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
-    ap.add_argument("--random_seed", type=cli.seed, default=0)
+    ap.add_argument("--random_seed", type=cli.seed, default=0,
+                    help="the sampling seed at --temperature > 0: the same seed repeats the output with "
+                         "--speculative_decoding_mode none or a fixed --ddtree_budget; the cost-aware tree (the "
+                         "default) sizes each step from measured costs and the acceptance learned so far, so there "
+                         "it gives another sample from the same distribution")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
                     help="float32/float64: greedy output equals the target's own, token for token; "
                          "float16/bfloat16: not guaranteed (see below)")
@@ -85,6 +93,8 @@ def build_parser() -> cli.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
+    if args.input_text is None:
+        args.input_text = [DEFAULT_PROMPT]
     if args.backend is None:
         args.backend = "trt" if args.engine_dir else "pytorch"
     if args.backend == "trt":
@@ -112,6 +122,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                             ("--tokenizer_dir", args.tokenizer_dir is not None)):
             if given:
                 cli.refuse(ap, flag, "applies to --backend trt (a TensorRT-LLM engine)")
+    if args.draft_model_dir is not None and args.backend == "pytorch":
+        # A drafter given with the wrong --draft_type is refused by that flag now, not by a missing file after the
+        # target has loaded (the other way round, build_pytorch names the flag).
+        if args.draft_type == "lora_inject" and not (Path(args.draft_model_dir) / LORA_INJECT_CONFIG).is_file():
+            hint = ("; it has a config.json, as a DFlash or DFlash2 drafter has: drop --draft_type lora_inject"
+                    if (Path(args.draft_model_dir) / "config.json").is_file() else "")
+            cli.refuse(ap, "--draft_type", f"'lora_inject' needs a LoRA-inject adapter dir (one with "
+                                           f"{LORA_INJECT_CONFIG}), and --draft_model_dir {args.draft_model_dir!r} "
+                                           f"has none{hint}")
     if args.speculative_decoding_mode == "none":
         # Without a drafter every step verifies one token: a budget or a drafter would be ignored.
         for flag, given in (("--ddtree_budget", args.ddtree_budget is not None),
@@ -186,20 +205,34 @@ def build_pytorch(args: argparse.Namespace):
 
     from tensorrt_llm_dflash.assets import DEMO_DDTREE_BUDGET, resolve_drafter_dir
     from tensorrt_llm_dflash.decode import stop_ids
-    from tensorrt_llm_dflash.dflash2 import check_drafter_dir, load_drafter, proposer_for_target
-    from tensorrt_llm_dflash.target import HFTargetVerifier, load_target, target_dims
+    from tensorrt_llm_dflash.dflash2 import DFlash2Config, check_drafter_checkpoint, load_drafter, proposer_for_target
+    from tensorrt_llm_dflash.target import HFTargetVerifier, check_drafter_fits_target_dir, load_target, target_dims
 
     dtype = getattr(torch, args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_output_fits_target_config(args.max_output_len, args.target_model_dir)
     draft_dir = None
     if args.speculative_decoding_mode == "dflash":
         draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
                                         "run with --speculative_decoding_mode none")
-        check_drafter_dir(draft_dir)  # a malformed drafter (DFlash or DFlash2) is refused before any load
+        if (Path(draft_dir) / LORA_INJECT_CONFIG).is_file():  # else: "has no config.json", with no way forward
+            raise DFlashInputError(f"--draft_model_dir {str(draft_dir)!r} is a LoRA-inject adapter (it has "
+                                   f"{LORA_INJECT_CONFIG}): pass --draft_type lora_inject")
+        # A malformed drafter (DFlash or DFlash2; config, tensor names and shapes) is refused before any load.
+        draft_config = check_drafter_checkpoint(draft_dir)
+        if args.runtime == "graphed" and isinstance(draft_config, DFlash2Config):
+            # The graphed runtime runs DFlash drafts only: refuse (or, by default, fall back) before any load.
+            if args.runtime_given:
+                raise DFlashInputError(f"--runtime graphed runs DFlash drafters, not DFlash2 (the drafter {draft_dir} "
+                                       "is a DFlash2 drafter): use --runtime eager")
+            args.runtime = "eager"
+        check_drafter_fits_target_dir(getattr(draft_config, "base", draft_config), args.target_model_dir)
+    # The drafter loads first: what only its weights show (a wrong dtype, NaN, a d2t out of range) is refused in
+    # seconds, not after the target's load.
+    drafter = load_drafter(draft_dir, dtype=dtype, device=device) if draft_dir is not None else None
     model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
     proposer = None
-    if draft_dir is not None:
-        drafter = load_drafter(draft_dir, dtype=dtype, device=device)
+    if drafter is not None:
         drafter.config.validate_for_target(**target_dims(model))
         proposer = proposer_for_target(drafter, model)
         layer_ids = drafter.config.target_layer_ids
@@ -209,10 +242,33 @@ def build_pytorch(args: argparse.Namespace):
     return verifier, proposer, tokenizer, stop_ids(model.generation_config.eos_token_id), DEMO_DDTREE_BUDGET
 
 
+def check_output_fits_target_config(max_output_len: int, target_model_dir: str | None) -> None:
+    """--max_output_len that no prompt leaves room for, refused from the target's config.json before its weights
+    load (each prompt is checked against the same limit once loaded)."""
+    from tensorrt_llm_dflash.config import is_integer
+    from tensorrt_llm_dflash.target import check_target_config
+
+    if target_model_dir is None or not (Path(target_model_dir) / "config.json").is_file():
+        return
+    limit = check_target_config(Path(target_model_dir)).get("max_position_embeddings")
+    if is_integer(limit) and max_output_len >= limit:
+        raise DFlashInputError(f"--max_output_len={max_output_len} leaves no room for a prompt: the target's "
+                               f"max_position_embeddings={limit} (--target_model_dir {target_model_dir!r}); at "
+                               f"most {limit - 1} new tokens fit after a 1-token prompt")
+
+
 def encode(tokenizer, text: str, chat: bool) -> list[int]:
     if chat and getattr(tokenizer, "chat_template", None):
         return chat_token_ids(tokenizer, [{"role": "user", "content": text}])
     return tokenizer(text)["input_ids"]
+
+
+def note_missing_chat_template(tokenizer, chat: bool) -> None:
+    """A tokenizer without a chat template gets the text as-is (a base model; the engine demo pair's documented
+    commands rely on it); say so, since the chat template is otherwise applied unless --no_chat_template."""
+    if chat and not getattr(tokenizer, "chat_template", None):
+        print("note: the target's tokenizer has no chat template: the text is sent as-is (as --no_chat_template "
+              "would)", file=sys.stderr)
 
 
 class ResultsFile:
@@ -269,6 +325,24 @@ def main(argv: list[str] | None = None) -> int:
             args.runtime = "eager"  # the default on CUDA; a DFlash2 drafter runs in the eager runtime
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
         graphed_cost_aware = args.runtime == "graphed" and proposer is not None and args.ddtree_budget is None
+        # Every prompt is encoded and checked before anything else runs: the cost-aware tree's first run measures
+        # this machine's verify costs (minutes on a real target), time a prompt that cannot run would waste. The
+        # mode is named in full once the policy is built; an error before that saves the results under this one.
+        dflash2 = getattr(proposer, "selects_tokens", False)  # its chain and tree are the selector's, not DDTree
+        fixed_mode = ("autoregressive" if proposer is None else
+                      ("DFlash2 chain" if dflash2 else "DFlash chain") if budget == 0 else
+                      f"{'DFlash2 tree' if dflash2 else 'DDTree'} budget {budget}")
+        results.mode = "cost-aware tree" if graphed_cost_aware or uses_policy(args, proposer) else fixed_mode
+        note_missing_chat_template(tokenizer, not args.no_chat_template)
+        prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.input_text]
+        for text, ids in zip(args.input_text, prompts):
+            check_prompt_fits(len(ids), args.max_output_len, int(getattr(verifier, "max_positions", 1 << 30)),
+                              text, getattr(verifier, "max_positions_name", "the target's max_position_embeddings"))
+            if hasattr(verifier, "check_prompt_len"):  # an engine: what one context pass takes (--max_input_len)
+                try:
+                    verifier.check_prompt_len(len(ids))
+                except DFlashInputError as err:
+                    raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
         policy = make_policy(args, verifier, proposer) if uses_policy(args, proposer) else None
         generate = speculative_generate
         if args.runtime == "graphed":
@@ -285,28 +359,23 @@ def main(argv: list[str] | None = None) -> int:
                          policy=None):
                 return decoder.generate(prompt, max_new, sampling, stops, on_tokens=on_tokens)
         if policy is not None:
-            tree_kind = "DFlash2 tree" if getattr(proposer, "selects_tokens", False) else "DDTree"
+            tree_kind = "DFlash2 tree" if dflash2 else "DDTree"
             mode = f"cost-aware {tree_kind} (<= {policy.config.max_nodes} nodes" + (
                 ", lookup branches)" if policy.config.lookup else ")")
         elif graphed_cost_aware:
             mode = (f"cost-aware DDTree (<= {max(decoder.sizes()) - 1} nodes"
                     + (", lookup branches" if decoder.lookup else "") + "), graphed runtime")
         else:
-            mode = ("autoregressive" if proposer is None else
-                    "DFlash chain" if budget == 0 else f"DDTree budget {budget}")
+            mode = fixed_mode
             if args.runtime == "graphed":
                 mode += ", graphed runtime"
         results.mode = mode
-        # Every prompt is encoded and checked before the first generation starts.
-        prompts = [encode(tokenizer, text, not args.no_chat_template) for text in args.input_text]
-        for text, ids in zip(args.input_text, prompts):
-            check_prompt_fits(len(ids), args.max_output_len, int(getattr(verifier, "max_positions", 1 << 30)),
-                              text, getattr(verifier, "max_positions_name", "the target's max_position_embeddings"))
-            if hasattr(verifier, "check_prompt_len"):  # an engine: what one context pass takes (--max_input_len)
-                try:
-                    verifier.check_prompt_len(len(ids))
-                except DFlashInputError as err:
-                    raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
+        if not sampling.greedy and (policy is not None or graphed_cost_aware):
+            # Each step's tree size follows timings and the calibration, which change between runs, and with it the
+            # random draws each step takes: a user comparing two seeded runs must not take the difference for a bug.
+            print(f"note: --random_seed={args.random_seed} does not repeat a sample with the cost-aware tree (each "
+                  "step's tree size follows measured costs and the acceptance learned so far); a fixed "
+                  "--ddtree_budget or --speculative_decoding_mode none does", file=sys.stderr)
         if args.runtime == "graphed":  # every graph (and step cost) the prompts need, before the first one's clock
             decoder.reserve(max(len(ids) for ids in prompts), args.max_output_len)
             decoder.prepare(sampling)
@@ -390,6 +459,10 @@ def check_prompt_fits(prompt_len: int, max_output_len: int, limit: int, text: st
                 f"--max_output_len={max_output_len}: the {prompt_len}-token prompt {text[:40]!r} + "
                 f"{max_output_len} new tokens = {prompt_len + max_output_len} exceeds {limit_name}={limit}; at "
                 f"most {limit - prompt_len} new tokens fit after it") from None
+        if prompt_len >= limit:  # no --max_output_len helps: say so, not the target's "max_new_tokens"
+            raise DFlashInputError(
+                f"--input_text {text[:40]!r}: the {prompt_len}-token prompt leaves no room for a new token within "
+                f"{limit_name}={limit}; at most {limit - 1} prompt tokens fit") from None
         raise DFlashInputError(f"--input_text {text[:40]!r}: {err}") from None
 
 

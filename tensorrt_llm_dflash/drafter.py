@@ -488,12 +488,23 @@ def check_state_dict(
 
     ``source`` (the checkpoint directory) is named in the messages when given.
     """
-    where = "drafter checkpoint" if source is None else f"drafter checkpoint {source}"
     if tensors and all(k.startswith("model.") for k in tensors):
         tensors = {k[len("model."):]: v for k, v in tensors.items()}
+    check_tensor_shapes(config, {k: tuple(v.shape) for k, v in tensors.items()}, source)
+    check_tensor_values(tensors, source)
+    return tensors
+
+
+def check_tensor_shapes(config: DFlashDraftConfig, shapes: dict[str, tuple[int, ...]], source: Any = None) -> None:
+    """Names and shapes of a DFlash checkpoint (tensor name -> shape; an optional ``model.`` prefix is stripped)
+    against its config. Takes shapes alone so a directory can be checked from its safetensors headers before
+    anything (the target included) is loaded."""
+    where = "drafter checkpoint" if source is None else f"drafter checkpoint {source}"
+    if shapes and all(k.startswith("model.") for k in shapes):
+        shapes = {k[len("model."):]: v for k, v in shapes.items()}
     expected = expected_tensor_shapes(config)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
+    missing = sorted(set(expected) - set(shapes))
+    unexpected = sorted(set(shapes) - set(expected))
     if missing or unexpected:
         parts = []
         if missing:
@@ -502,13 +513,11 @@ def check_state_dict(
             parts.append(f"unexpected tensors {unexpected}")
         raise DFlashConfigError(f"{where} does not match its config.json: " + "; ".join(parts))
     for name, shape in expected.items():
-        if tuple(tensors[name].shape) != shape:
+        if tuple(shapes[name]) != shape:
             raise DFlashConfigError(
-                f"tensor {name} has shape {tuple(tensors[name].shape)}, config.json implies {shape}"
+                f"tensor {name} has shape {tuple(shapes[name])}, config.json implies {shape}"
                 + ("" if source is None else f" ({where})")
             )
-    check_tensor_values(tensors, source)
-    return tensors
 
 
 def load_dflash_drafter(

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .compat import CACHE_KWARG, crop_cache, drop_gguf_quantizer
-from .errors import DFlashConfigError, DFlashInputError
+from .errors import DFlashConfigError, DFlashError, DFlashInputError
 from .kernels import compact_tail_
 from .tree import DraftTree, compaction_indices, visibility
 
@@ -91,6 +91,25 @@ TARGET_INT_FIELDS = (
 _NULL_MEANS_DERIVED = ("num_key_value_heads", "head_dim")
 #: Legacy RoPE type names transformers' own configs rename (Phi-3 "su", Qwen2-VL "mrope").
 _LEGACY_ROPE_TYPES = ("su", "mrope")
+
+
+def check_drafter_fits_target_dir(draft_config: Any, target_model_dir: str | Path | None) -> None:
+    """A drafter made for another target (hidden size, vocabulary, layer ids), refused from the target's
+    config.json before its weights load (minutes for a large target). A GGUF target (the embedded one included)
+    has no config.json: it is checked once loaded, as every target is (``validate_for_target``)."""
+    from .config import is_integer
+
+    if target_model_dir is None or not (Path(target_model_dir) / "config.json").is_file():
+        return
+    raw = check_target_config(Path(target_model_dir))
+    dims = {key: raw.get(key) for key in ("hidden_size", "vocab_size", "num_hidden_layers")}
+    if not all(is_integer(v) for v in dims.values()):
+        return  # e.g. a multimodal config with its sizes under text_config: transformers reads those at load
+    try:
+        draft_config.validate_for_target(**dims)
+    except DFlashError as err:
+        raise DFlashInputError(f"--draft_model_dir does not fit --target_model_dir {str(target_model_dir)!r}: "
+                               f"{err}") from None
 
 
 def check_target_config(directory: Path) -> dict[str, Any]:

@@ -124,15 +124,17 @@ def tiny_target_dir(tmp_path_factory):
 
 
 def test_run_output_too_long_for_the_target_names_max_output_len(tiny_target_dir, capsys):
-    """The 512-position tiny target cannot hold 'hi' + 1000 tokens: the message names the flag the user typed and
-    how many tokens fit, not the library's max_new_tokens."""
+    """The 512-position tiny target cannot hold 'hi' + 1000 tokens (nor any prompt: refused from its config.json
+    before it loads) or 'hi' + 510: the message names the flag the user typed and how many tokens fit, not the
+    library's max_new_tokens."""
     run = load_example("run")
-    rc = run.main(["--target_model_dir", str(tiny_target_dir), "--speculative_decoding_mode", "none",
-                   "--max_output_len", "1000", "--threads", "1", "--input_text", "hi"])
-    err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading progress bar
-    assert rc == 2, err
-    assert err.startswith("error: --max_output_len=1000: ") and "max_new_tokens" not in err, err
-    assert "'hi'" in err and "max_position_embeddings=512" in err and "new tokens fit after it" in err, err
+    for max_output_len, says in (("1000", "leaves no room for a prompt"), ("510", "'hi'")):
+        rc = run.main(["--target_model_dir", str(tiny_target_dir), "--speculative_decoding_mode", "none",
+                       "--max_output_len", max_output_len, "--threads", "1", "--input_text", "hi"])
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after transformers' loading progress bar
+        assert rc == 2, err
+        assert err.startswith(f"error: --max_output_len={max_output_len}") and "max_new_tokens" not in err, err
+        assert says in err and "max_position_embeddings=512" in err and "new tokens fit after" in err, err
 
 
 # ---------------------------------------------------------------------------- examples/profile_graphed.py
