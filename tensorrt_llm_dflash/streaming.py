@@ -35,6 +35,11 @@ _ASCII_WHITESPACE = " \t\n\r\x0b\x0c"
 _CONTEXT_TOKENS = 8
 # Steps the window start may move back so that the window does not start inside a character.
 _MAX_BACKOFF = 8
+# The most text held back for the last word. The space clean-up can delete the space before a word only while the
+# word is a prefix of a pattern's tail (``n't``, ``'ve``, ``.``: at most 3 characters); a longer word has either
+# matched (the decode applied it) or never will. Without a bound, text with no whitespace (a URL, base64, minified
+# code) streamed nothing until its end.
+_MAX_HELD_WORD = 16
 
 
 def _printable_length(text: str) -> int:
@@ -54,7 +59,8 @@ def _printable_length(text: str) -> int:
       word after it are held back. Every clean-up pattern starts with a space, and that space is
       the one a later token can still delete (``"do n"`` + ``"'t"`` becomes ``"don't"``), so the
       held part includes it. ``TextStreamer`` prints the space, which breaks that case. Holding
-      back the last word also covers unknown tokenizers that join word pieces.
+      back the last word also covers unknown tokenizers that join word pieces. A word is held up to its last
+      ``_MAX_HELD_WORD`` characters: past that, its start and the space before it can no longer change.
 
     A rule cannot foresee every tokenizer. :class:`IncrementalDetokenizer` also checks each
     decode against the text already returned.
@@ -65,7 +71,8 @@ def _printable_length(text: str) -> int:
     last = text[end - 1]
     if last == "\n" or not last.isascii():
         return end
-    return max(0, max(text.rfind(ch, 0, end) for ch in _ASCII_WHITESPACE))
+    word_start = max(0, max(text.rfind(ch, 0, end) for ch in _ASCII_WHITESPACE))
+    return max(word_start, end - _MAX_HELD_WORD)
 
 
 class IncrementalDetokenizer:

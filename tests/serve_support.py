@@ -81,6 +81,26 @@ class SlowRunner:
         self.inner.release(slot)
 
 
+class SlowTokenizer:
+    """The tiny tokenizer, taking ``seconds`` to encode a prompt that starts with "slow"."""
+
+    def __init__(self, inner, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    def __call__(self, text, *args, **kwargs):
+        if isinstance(text, str) and text.startswith("slow"):
+            time.sleep(self.seconds)
+        return self.inner(text, *args, **kwargs)
+
+    def __getattr__(self, name):
+        if "inner" not in self.__dict__:  # a copy being made: no attributes yet
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
 @contextlib.contextmanager
 def slowed(live: LiveServer, seconds: float) -> Iterator[None]:
     """Every step of ``live``'s :class:`SlowRunner` sleeps ``seconds`` for the duration."""

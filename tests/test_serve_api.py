@@ -22,7 +22,16 @@ import time
 import httpx
 import openai
 import pytest
-from serve_support import MODEL_NAME, LiveServer, SlowRunner, TinyModels, parse_prometheus, slowed, tiny_server
+from serve_support import (
+    MODEL_NAME,
+    LiveServer,
+    SlowRunner,
+    SlowTokenizer,
+    TinyModels,
+    parse_prometheus,
+    slowed,
+    tiny_server,
+)
 
 from tensorrt_llm_dflash.serve.runner import GraphedRunner, RowStep, graphed_rows
 
@@ -433,26 +442,6 @@ def test_a_non_streamed_client_that_leaves_while_text_flows_frees_its_row_at_onc
         assert live.metrics()["dflash_running_requests"] == 0
     finally:
         live.close()
-
-
-class SlowTokenizer:
-    """The tiny tokenizer, taking ``seconds`` to encode a prompt that starts with "slow"."""
-
-    def __init__(self, inner, seconds: float) -> None:
-        self.inner, self.seconds = inner, seconds
-
-    def __call__(self, text, *args, **kwargs):
-        if isinstance(text, str) and text.startswith("slow"):
-            time.sleep(self.seconds)
-        return self.inner(text, *args, **kwargs)
-
-    def __getattr__(self, name):
-        if "inner" not in self.__dict__:  # a copy being made: no attributes yet
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def __len__(self) -> int:
-        return len(self.inner)
 
 
 def test_a_prompt_being_encoded_blocks_nobody_and_a_huge_body_gets_413(models):

@@ -10,6 +10,7 @@ from functools import cache
 
 import pytest
 
+from tensorrt_llm_dflash import streaming
 from tensorrt_llm_dflash.streaming import IncrementalDetokenizer
 
 FFFD = "\ufffd"
@@ -305,3 +306,20 @@ def test_window_inside_a_character_falls_back_to_full_decode(byte_fallback, monk
     monkeypatch.setattr(streaming, "_MAX_BACKOFF", 0)
     ids = byte_fallback.encode("世界汉字测试边界 ok " * 2, add_special_tokens=False)
     check_all_chunkings(byte_fallback, ids, seeds=4)
+
+
+@pytest.mark.parametrize("text", ["https://example.com/" + "a1b2c3d4" * 40, "x=" + "QUJDREVGR0g=" * 30,
+                                  "see https://example.com/" + "path/" * 60 + " done"])
+def test_text_without_whitespace_streams_as_it_is_decoded(smollm2, text):
+    """A URL, base64 or minified code has no whitespace: the last word was held back whole, so an answer of such
+    text streamed nothing until it ended. At most _MAX_HELD_WORD characters are held now; the concatenation is
+    still the full decode."""
+    ids = smollm2.encode(text, add_special_tokens=False)
+    det = IncrementalDetokenizer(smollm2)
+    returned = ""
+    for i, token in enumerate(ids):
+        returned += det.push([token])
+        decoded = smollm2.decode(ids[: i + 1])
+        assert len(decoded) - len(returned) <= streaming._MAX_HELD_WORD, (i, decoded, returned)
+    assert returned + det.flush() == smollm2.decode(ids) and not det.diverged
+    check_all_chunkings(smollm2, ids, seeds=5)

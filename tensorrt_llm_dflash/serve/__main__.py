@@ -199,22 +199,28 @@ def load_models(args: argparse.Namespace) -> tuple[Any, Any, Any, list[int]]:
     import torch
 
     from ..assets import resolve_drafter_dir
-    from ..config import DFlashDraftConfig
     from ..decode import stop_ids
+    from ..dflash2 import DFlash2Config, check_drafter_checkpoint
     from ..drafter import load_dflash_drafter
-    from ..target import load_target, target_dims
+    from ..errors import DFlashInputError
+    from ..target import check_drafter_fits_target_dir, load_target, target_dims
 
     dtype = getattr(torch, args.dtype)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    draft_dir = None
+    drafter = None
     if args.speculative_decoding_mode == "dflash":
         draft_dir = resolve_drafter_dir(args.draft_model_dir, args.target_model_dir,
                                         "serve with --speculative_decoding_mode none")
-        DFlashDraftConfig.from_pretrained(draft_dir)  # a malformed drafter config is refused before any load
-    model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
-    drafter = None
-    if draft_dir is not None:
+        # As run.py: the drafter's config, tensor names and shapes, its fit to the target's config.json, then its
+        # weights (NaN, dtype), all before the target loads (minutes for a large one).
+        config = check_drafter_checkpoint(draft_dir)
+        if isinstance(config, DFlash2Config):
+            raise DFlashInputError(f"--draft_model_dir {str(draft_dir)!r} is a DFlash2 drafter: the server runs "
+                                   "DFlash drafters (examples/run.py runs DFlash2 ones)")
+        check_drafter_fits_target_dir(config, args.target_model_dir)
         drafter = load_dflash_drafter(draft_dir, dtype=dtype, device=device)
+    model, tokenizer = load_target(args.target_model_dir, dtype=dtype, device=device)
+    if drafter is not None:
         drafter.config.validate_for_target(**target_dims(model))
     return model, drafter, tokenizer, stop_ids(model.generation_config.eos_token_id)
 
@@ -308,6 +314,17 @@ def graceful_server(config: Any, engine: Any) -> Any:
                 await super().shutdown(sockets)
             finally:
                 deadline.cancel()
+            if self.force_exit:
+                await self.answer_now()
+
+        async def answer_now(self) -> None:
+            """A second Ctrl-C (force quit) ends uvicorn's wait at once, and closing the event loop then cancels the
+            handlers still running: a plain-text 500 for a request, a stream cut off without its error event. Stopping
+            the engine first answers them (503, a stream's error event and [DONE]), for at most a few seconds."""
+            await asyncio.to_thread(engine.stop, SHUTDOWN_ANSWER_SECONDS)
+            give_up = asyncio.get_running_loop().time() + SHUTDOWN_ANSWER_SECONDS
+            while self.server_state.tasks and asyncio.get_running_loop().time() < give_up:
+                await asyncio.sleep(0.05)
 
     return GracefulServer(config)
 

@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ..compat import chat_token_ids
 from ..errors import DFlashError
@@ -176,7 +177,14 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """Unknown paths (404) and methods (405) in OpenAI's error shape, not FastAPI's ``{"detail": ...}``."""
+        """Unknown paths (404), methods (405) and bodies FastAPI cannot parse (400) in OpenAI's error shape, not
+        FastAPI's ``{"detail": ...}``."""
+        if exc.status_code == 400 and exc.__cause__ is not None and not isinstance(exc.__cause__, ClientDisconnect):
+            # FastAPI's "There was an error parsing the body" said nothing of why: bytes that are not UTF-8 (a latin-1
+            # charset, a compressed body), JSON nested too deep. Say it, and count the request as the invalid one it is.
+            cause = exc.__cause__
+            return rejected(400, f"the request body is not valid JSON: {type(cause).__name__}: {cause} (send it as "
+                                 "UTF-8 JSON, uncompressed)")
         message = {404: f"{request.method} {request.url.path}: no such endpoint (GET /v1/models, POST "
                         f"/v1/completions, POST /v1/chat/completions, GET /health, GET /metrics)",
                    405: f"{request.method} {request.url.path}: method not allowed"}.get(exc.status_code,
@@ -255,6 +263,10 @@ def create_app(engine: Engine, settings: ServerSettings, *, manage_engine: bool 
 
     async def serve(request: Request, generation: GenerationRequest, stream: bool, include_usage: bool,
                     chat: bool) -> Response:
+        if await request.is_disconnected():
+            # Gone while its prompt was encoded (a long prompt takes seconds, the likeliest moment to give up): never
+            # submitted, or its prefill, and decoding until the first disconnect check, ran for nobody.
+            return Response(status_code=499)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 

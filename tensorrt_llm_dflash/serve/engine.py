@@ -204,12 +204,21 @@ class Engine:
             self._cond.notify_all()
 
     def cancel(self, request_id: str) -> None:
-        """The client is gone: drop the request from the queue, or free its row at the next step boundary."""
+        """The client is gone: drop the request from the queue at once, or free its row at the next step boundary."""
         with self._cond:
             entry = self._by_id.get(request_id)
-            if entry is not None and not entry.cancelled:
-                entry.cancelled = True
-                self._cond.notify_all()
+            if entry is None or entry.cancelled:
+                return
+            entry.cancelled = True
+            # A waiting request leaves the queue now, not at the next step boundary: a step (or an admission's
+            # prefill) can take seconds, and until then its slot counted against max_queue (a new request got 429).
+            for i, waiting in enumerate(self._waiting):
+                if waiting is entry:
+                    del self._waiting[i]
+                    self._forget(entry)
+                    self.metrics.inc("requests_cancelled_total")
+                    break
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ the engine thread
 
@@ -322,7 +331,7 @@ class Engine:
         for slot, step in taken.items():
             active = self._rows.get(slot)
             if active is not None and step.tokens:
-                self._advance(active, step)
+                self._advance_or_fail(active, step)
 
     def _fail(self, entry: _Request, status: int, message: str, slot: int | None = None) -> None:
         if slot is not None:
@@ -359,9 +368,25 @@ class Engine:
                 continue
             if not step.is_prefill:
                 decode_rows += 1
-            self._advance(active, step)
+            self._advance_or_fail(active, step)
         if decode_rows:
             self.metrics.inc("engine_steps_total")
+
+    def _advance_or_fail(self, active: _Active, step: RowStep) -> None:
+        """``_advance``, failing this row alone when its output cannot be made (its tokens do not detokenize, a
+        stop-string check raises, ...). Raised out of the loop, such an error stopped the engine: every other row
+        failed with it and the server answered 503 from then on."""
+        try:
+            self._advance(active, step)
+        except Exception as err:  # noqa: BLE001 - one request's failure must not stop the server
+            log.error("request %s: its output failed:\n%s", active.entry.request.request_id, traceback.format_exc())
+            if self._rows.get(active.slot) is active:
+                self._retire(active.slot)
+            if active.entry.cancelled:  # its client left: nobody to tell, counted as _release_cancelled_rows does
+                self.metrics.inc("requests_cancelled_total")
+                return
+            self.metrics.inc("requests_failed_total")
+            self._deliver(active.entry, Failed(500, f"the request's output failed: {type(err).__name__}: {err}"))
 
     def _advance(self, active: _Active, step: RowStep) -> None:
         now = time.perf_counter()

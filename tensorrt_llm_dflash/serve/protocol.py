@@ -58,7 +58,7 @@ class _Sampling(BaseModel):
     max_tokens: StrictInt | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: StrictInt | None = Field(None, ge=0)
+    top_k: StrictInt | None = Field(None, ge=-1)  # -1 and 0: every token (vLLM's values for no top-k)
     stop: StrictStr | list[StrictStr] | None = None
     stop_token_ids: list[StrictInt] | None = None
     seed: StrictInt | None = Field(None, ge=0, le=MAX_SEED)
@@ -235,7 +235,9 @@ def build_request(body: _Sampling, prompt_ids: list[int], *, prompt_param: str, 
     seed = body.seed
     if temperature > 0 and seed is None:
         seed = secrets.randbelow(MAX_SEED + 1)  # reported in the response, so the client can reproduce it
-    top_k = min(body.top_k or 0, vocab_size)  # a k past the vocabulary keeps every token, as the vocabulary does
+    # A k past the vocabulary keeps every token, as the vocabulary does; -1 is vLLM's "every token" (its default for
+    # years: clients written for vLLM send it), as 0 is.
+    top_k = min(max(body.top_k or 0, 0), vocab_size)
     sampling = SamplingParams(temperature, 1.0 if body.top_p is None else float(body.top_p), top_k, seed)
     return GenerationRequest(
         request_id=f"{prefix}-{uuid.uuid4().hex}",
