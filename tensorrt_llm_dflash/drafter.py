@@ -405,7 +405,10 @@ def verify_checksums(file: Path, tensors: dict[str, torch.Tensor], metadata: dic
     return True
 
 
-def _checkpoint_files(path: Path) -> list[str]:
+def checkpoint_files(path: Path, what: str = "drafter", any_name: bool = False) -> list[str]:
+    """The safetensors files of a checkpoint directory: its index's (a damaged index, or one naming an absent
+    file, is a DFlashConfigError naming it), else ``model.safetensors`` (``any_name``: every ``*.safetensors``,
+    as an HF target may be saved). ``what`` names the checkpoint in the messages."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
@@ -415,16 +418,21 @@ def _checkpoint_files(path: Path) -> list[str]:
                 raise ValueError(f"weight_map names no files: {weight_map!r}"[:200])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
             raise DFlashConfigError(
-                f"drafter index {index} is damaged: {type(err).__name__}: {err} (expected a JSON object with a "
+                f"{what} index {index} is damaged: {type(err).__name__}: {err} (expected a JSON object with a "
                 "weight_map of tensor name -> file)"
             ) from err
         absent = [f for f in files if not (path / f).is_file()]
         if absent:
-            raise DFlashConfigError(f"drafter index {index} names files that are missing: {absent}")
+            raise DFlashConfigError(f"{what} index {index} names files that are missing: {absent}")
+        return files
+    if any_name:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+        if not files:
+            raise DFlashConfigError(f"{what} directory {str(path)!r} has no *.safetensors files")
         return files
     if (path / "model.safetensors").is_file():
         return ["model.safetensors"]
-    raise DFlashConfigError(f"drafter directory {str(path)!r} has no model.safetensors")
+    raise DFlashConfigError(f"{what} directory {str(path)!r} has no model.safetensors")
 
 
 def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
@@ -436,7 +444,7 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     """
     path = unpacked(path)  # the shipped drafters' weights are xz-packed
     tensors: dict[str, torch.Tensor] = {}
-    for name in _checkpoint_files(path):
+    for name in checkpoint_files(path):
         file = path / name
         file_tensors, metadata = read_safetensors_file(file, "drafter weights")
         verify_checksums(file, file_tensors, metadata)

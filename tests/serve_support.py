@@ -213,3 +213,35 @@ def server_process(command: list[str], env: dict[str, str], cwd: Path,
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+def long_requests_in_flight(live: Any) -> dict[str, Any]:
+    """A long stream and a long non-streamed greedy request, both running on ``live`` (two rows) when this returns;
+    the caller stops the server, then calls ``answers["join"]()``: ``answers["stream"]`` holds the stream's data
+    lines, ``answers["plain"]`` the other's response."""
+    import httpx
+
+    answers: dict[str, Any] = {}
+    body = {"prompt": "the answer is", "max_tokens": 400, "temperature": 0}
+
+    def streamed() -> None:
+        with httpx.stream("POST", live.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+            answers["stream"] = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+
+    def plain() -> None:
+        answers["plain"] = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
+
+    threads = [threading.Thread(target=streamed), threading.Thread(target=plain)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while live.metrics()["dflash_running_requests"] < 2:
+        assert time.monotonic() < deadline, "the two requests never ran"
+        time.sleep(0.02)
+
+    def join() -> None:
+        for thread in threads:
+            thread.join(30)
+
+    answers["join"] = join
+    return answers

@@ -28,6 +28,7 @@ from serve_support import (
     SlowRunner,
     SlowTokenizer,
     TinyModels,
+    long_requests_in_flight,
     parse_prometheus,
     slowed,
     tiny_server,
@@ -516,27 +517,10 @@ def test_shutting_down_answers_what_cannot_finish(models):
     error event and [DONE], the other with 503."""
     runner = SlowRunner(graphed_rows(models.spec(speculative=False), 2), 0.05)
     live = LiveServer(runner, models.tokenizer, shutdown_timeout=3)
-    answers: dict = {}
-    body = {"prompt": "the answer is", "max_tokens": 400, "temperature": 0}
-
-    def streamed() -> None:
-        with httpx.stream("POST", live.url + "/v1/completions", json={**body, "stream": True}, timeout=30) as r:
-            answers["stream"] = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
-
-    def plain() -> None:
-        answers["plain"] = httpx.post(live.url + "/v1/completions", json=body, timeout=30)
-
-    threads = [threading.Thread(target=streamed), threading.Thread(target=plain)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 10
-    while live.metrics()["dflash_running_requests"] < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    answers = long_requests_in_flight(live)
     start = time.monotonic()
     live.close()
-    for thread in threads:
-        thread.join(30)
+    answers["join"]()
     assert time.monotonic() - start < 3.5
     assert answers["stream"][-1] == "[DONE]", answers["stream"][-3:]
     assert "error" in json.loads(answers["stream"][-2]), answers["stream"][-2]

@@ -25,7 +25,15 @@ import time
 import httpx
 import openai
 import pytest
-from serve_support import MODEL_NAME, LiveServer, SlowRunner, SlowTokenizer, TinyModels, tiny_server
+from serve_support import (
+    MODEL_NAME,
+    LiveServer,
+    SlowRunner,
+    SlowTokenizer,
+    TinyModels,
+    long_requests_in_flight,
+    tiny_server,
+)
 
 from tensorrt_llm_dflash.serve import sequence
 from tensorrt_llm_dflash.serve.runner import BatchRunner, RowStep, graphed_rows
@@ -85,29 +93,12 @@ def test_a_second_ctrl_c_still_answers_what_is_in_flight(models):
     with an error event and [DONE], the other with a 503 in OpenAI's shape."""
     runner = SlowRunner(graphed_rows(models.spec(speculative=False), 2), 0.05)
     live = LiveServer(runner, models.tokenizer, shutdown_timeout=30)
-    answers: dict = {}
-    body = {"prompt": "the answer is", "max_tokens": 400, "temperature": 0}
-
-    def streamed() -> None:
-        with httpx.stream("POST", live.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
-            answers["stream"] = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
-
-    def plain() -> None:
-        answers["plain"] = httpx.post(live.url + "/v1/completions", json=body, timeout=60)
-
-    threads = [threading.Thread(target=streamed), threading.Thread(target=plain)]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 10
-    while live.metrics()["dflash_running_requests"] < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    answers = long_requests_in_flight(live)
     start = time.monotonic()
     live.server.should_exit = True  # what uvicorn's signal handler does at the first Ctrl-C
     time.sleep(0.5)
     live.server.force_exit = True  # and at the second
-    for thread in threads:
-        thread.join(30)
+    answers["join"]()
     live.thread.join(30)
     assert not live.thread.is_alive()
     assert time.monotonic() - start < 20  # uvicorn alone would have waited out the 30 s graceful timeout

@@ -40,6 +40,15 @@ def _run(train_dflash, target_dir, work: Path, out: Path, *extra: str) -> int:
                               *TINY, *builtin, *extra])
 
 
+def _hold_in_another_process(work: Path) -> subprocess.Popen:
+    """Another process holding ``work``'s lock, as a running training does (the caller kills it)."""
+    return subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; sys.path.insert(0, sys.argv[2]); "
+        "from tensorrt_llm_dflash.training.workdir import hold_work_dir\n"
+        "with hold_work_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)"),
+        str(work), str(Path(__file__).resolve().parents[1])], stdout=subprocess.PIPE, text=True)
+
+
 def test_a_resumed_run_keeps_its_held_out_set_and_records_changed_settings(tmp_path, target_dir, train_dflash,
                                                                             capsys):
     """The reported leak: the split was drawn afresh on every resume, so a grown data set or another --seed held
@@ -113,11 +122,7 @@ def test_a_second_run_on_a_work_dir_in_use_is_refused_by_name(tmp_path, target_d
     """Two runs on one --work_dir overwrote each other's checkpoint and log; the second is refused (the first
     here is another process holding the lock, as a running training does)."""
     work = tmp_path / "work"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[2]); "
-        "from tensorrt_llm_dflash.training.workdir import hold_work_dir\n"
-        "with hold_work_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)"),
-        str(work), str(Path(__file__).resolve().parents[1])], stdout=subprocess.PIPE, text=True)
+    holder = _hold_in_another_process(work)
     try:
         assert holder.stdout.readline().strip() == "held"
         assert _run(train_dflash, target_dir, work, tmp_path / "out", "--num_prompts", "3", "--max_steps", "1") == 2
@@ -207,11 +212,7 @@ def test_heldout_tau_refuses_a_work_dir_another_run_holds(tmp_path, capsys):
     target, drafter = save_long_context_pair(tmp_path / "pair")
     heldout = load_example("heldout_tau")
     work = tmp_path / "work"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; sys.path.insert(0, sys.argv[2]); "
-        "from tensorrt_llm_dflash.training.workdir import hold_work_dir\n"
-        "with hold_work_dir(sys.argv[1]):\n    print('held', flush=True); time.sleep(120)"),
-        str(work), str(Path(__file__).resolve().parents[1])], stdout=subprocess.PIPE, text=True)
+    holder = _hold_in_another_process(work)
     argv = ["--drafters", f"d={drafter}", "--target_model_dir", str(target), "--work_dir", str(work),
             "--num_conversations", "2", "--max_new_tokens", "2", "--threads", "1"]
     try:

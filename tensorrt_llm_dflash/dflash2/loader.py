@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from ..drafter import (
-    _checkpoint_files,
     check_safetensors_file,
     check_tensor_values,
+    checkpoint_files,
     checksum_metadata,
     expected_tensor_shapes,
     read_safetensors_dir,
@@ -72,7 +72,7 @@ def read_header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
 
     shapes: dict[str, tuple[int, ...]] = {}
     path = unpacked(path)  # xz-packed weights (files.unpacked) read like plain ones
-    for file_name in _checkpoint_files(path):
+    for file_name in checkpoint_files(path):
         file = path / file_name
         check_safetensors_file(file, "drafter weights")
         try:

@@ -113,36 +113,13 @@ def fused_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_kv_heads: i
 # ------------------------------------------------------------------------- HF input
 
 
-def _target_files(model_dir: Path) -> list[str]:
-    """The safetensors files of an HF checkpoint directory (its index's, else every ``*.safetensors``);
-    a damaged index or a shard it names that is absent is a DFlashConfigError naming it."""
-    index = model_dir / "model.safetensors.index.json"
-    if not index.is_file():
-        files = sorted(p.name for p in model_dir.glob("*.safetensors"))
-        if not files:
-            raise DFlashConfigError(f"target directory {str(model_dir)!r} has no *.safetensors files")
-        return files
-    try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = sorted(set(weight_map.values()))
-        if not files or not all(isinstance(f, str) for f in files):
-            raise ValueError(f"weight_map names no files: {weight_map!r}"[:200])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise DFlashConfigError(f"target index {index} is damaged: {type(err).__name__}: {err} (expected a JSON "
-                                "object with a weight_map of tensor name -> file)") from err
-    absent = [f for f in files if not (model_dir / f).is_file()]
-    if absent:
-        raise DFlashConfigError(f"target index {index} names files that are missing: {absent}")
-    return files
-
-
 def read_hf_safetensors(model_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of an HF checkpoint directory (single file or index-sharded). A truncated or
     damaged file is a DFlashConfigError naming it (safetensors' own error was a traceback)."""
-    from ..drafter import read_safetensors_file
+    from ..drafter import checkpoint_files, read_safetensors_file
 
     tensors: dict[str, torch.Tensor] = {}
-    for name in _target_files(model_dir):
+    for name in checkpoint_files(model_dir, "target", any_name=True):
         file_tensors, _ = read_safetensors_file(model_dir / name, "target weights")
         tensors.update(file_tensors)
     return tensors
