@@ -43,7 +43,7 @@ def dflash_ckpt(tmp_path):
 @pytest.fixture
 def fake_trtllm(monkeypatch):
     """Stand-ins: tensorrt_llm.commands.build.main records sys.argv; MODEL_MAP is a dict."""
-    calls: dict = {"argv": None, "plugins": 0, "registered": 0}
+    calls: dict = {"argv": None, "plugins": 0, "registered": 0, "mpi_world_size": 1}
     commands_build = types.ModuleType("tensorrt_llm.commands.build")
 
     def fake_main() -> None:
@@ -63,6 +63,7 @@ def fake_trtllm(monkeypatch):
         "tensorrt_llm": types.ModuleType("tensorrt_llm"),
         "tensorrt_llm.commands": types.ModuleType("tensorrt_llm.commands"),
         "tensorrt_llm.commands.build": commands_build,
+        "tensorrt_llm._utils": types.SimpleNamespace(mpi_world_size=lambda: calls["mpi_world_size"]),
     }.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr("tensorrt_llm_dflash.trtllm.plugins.load_plugin_library",
@@ -289,6 +290,7 @@ def test_hook_wraps_tensorrt_llms_main_on_import(tmp_path, monkeypatch, dflash_c
     package.mkdir(parents=True)
     (package.parent / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
+    (package.parent / "_utils.py").write_text("def mpi_world_size():\n    return 1\n")
     (package / "build.py").write_text(
         "import pathlib, sys\nCALLS = []\ndef main():\n    CALLS.append(list(sys.argv))\n"
         "    if '--output_dir' in sys.argv:  # an engine, as a real build writes it\n"
@@ -576,11 +578,13 @@ def test_a_dry_run_or_an_incomplete_build_never_replaces_the_engine(fake_trtllm,
 def test_context_logits_are_refused_by_name_before_tensorrt_llm_starts(fake_trtllm, dflash_ckpt, capsys):
     """``--gather_context_logits`` reached TensorRT-LLM's main, which raises a RuntimeError for any draft length
     (tensorrt_llm/commands/build.py): a traceback after TensorRT-LLM's import. Now one line, exit 2."""
-    for flag in ("--gather_context_logits", "--gather_context"):
+    for flag, named in (("--gather_context_logits", "--gather_context_logits"),
+                        ("--gather_context", "--gather_context_logits"),
+                        ("--gather_all_token_logits", "--gather_all_token_logits")):  # main sets context logits too
         assert build.main(["--checkpoint_dir", str(dflash_ckpt), "--output_dir", "engine", flag,
                            "--speculative_decoding_mode", "dflash"]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error: --gather_context_logits: ") and len(err.strip().splitlines()) == 1, err
+        assert err.startswith(f"error: {named}: ") and len(err.strip().splitlines()) == 1, err
     assert fake_trtllm["argv"] is None
 
 
@@ -606,3 +610,18 @@ def test_a_draft_length_left_in_the_environment_never_overrides_the_checkpoint(f
     assert build.main([*argv, "--max_draft_len", "40"]) == 0
     assert build.main(argv) == 0
     assert seen == [None, "40", None]
+
+
+def test_under_mpirun_the_ranks_build_into_one_directory(fake_trtllm, tmp_path, capsys):
+    """mpirun -n 2 trtllm-build: each process builds its ranks into --output_dir (TensorRT-LLM's parallel_build);
+    a staging directory per process held one rank's engine each, and the build refused both (or, before that check,
+    each published its own, the last replacing the other). Under MPI the build goes straight to --output_dir."""
+    (tmp_path / "ckpt").mkdir()
+    ckpt = write_ckpt(tmp_path / "ckpt", mapping={"world_size": 2, "tp_size": 2, "pp_size": 1})
+    fake_trtllm["mpi_world_size"] = 2
+    (tmp_path / "engine").mkdir()  # TensorRT-LLM's main makes it (the stand-in main here writes into it alone)
+    assert build.main(["--checkpoint_dir", str(ckpt), "--output_dir", "engine", "--speculative_decoding_mode",
+                       "dflash"]) == 0
+    assert build._flag_value(fake_trtllm["argv"][1:], "--output_dir") == "engine"
+    assert "note: built under mpirun (2 processes): the engine is written to" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "engine").iterdir()) == ["config.json", "rank0.engine", "rank1.engine"]

@@ -318,10 +318,13 @@ def check_checkpoint(argv: list[str], is_dflash: bool) -> tuple[bool, int | None
     if section.get("dflash2") is not None:  # a DFlash2 drafter: what the engine builds of it
         check_section(section["dflash2"], hidden_size=_positive_int(section, "hidden_size", f"{where} dflash."),
                       vocab_size=_positive_int(config, "vocab_size", f"{where} "), where=f"{where} dflash.dflash2")
-    if any(option.flag == "--gather_context_logits" for option in _options(argv)):
-        # TensorRT-LLM's main raises it for any draft length, after its import: a traceback, not a refusal.
-        raise DFlashConfigError("--gather_context_logits: TensorRT-LLM builds no engine with a draft length and "
-                                "context logits (tensorrt_llm/commands/build.py, main); leave it out")
+    gathered = [o.flag for o in _options(argv) if o.flag in ("--gather_context_logits", "--gather_all_token_logits")]
+    if gathered:
+        # TensorRT-LLM's main raises it with --max_draft_len > 0, after its import (a traceback, not a refusal), and
+        # without the flag it never sees the checkpoint's draft length: refused whichever way the length is given.
+        raise DFlashConfigError(f"{gathered[0]}: TensorRT-LLM builds no engine with a draft length and context "
+                                "logits (tensorrt_llm/commands/build.py, main: 'Gather context logits is not "
+                                "support with draft len > 0'); leave it out")
     check_kernels(argv, config, Path(ckpt) / "config.json")
     return True, max_draft_len
 
@@ -400,6 +403,17 @@ def main(argv: list[str] | None = None) -> int:
     # TensorRT-LLM's own main, also when hook.py has wrapped it (trtllm-build with the .pth).
     trtllm_build_main = getattr(commands_build.main, "__wrapped__", commands_build.main)
     if output_dir is None:  # a plain build: exactly as trtllm-build
+        sys.argv = ["trtllm-build", *translated]
+        trtllm_build_main()
+        return 0
+    from tensorrt_llm._utils import mpi_world_size
+
+    if mpi_world_size() > 1:
+        # Under mpirun every rank builds its own engines into one directory (parallel_build): a staging directory
+        # per process would hold one rank's engines each, so the build is not staged there, as TensorRT-LLM builds.
+        print(f"note: built under mpirun ({mpi_world_size()} processes): the engine is written to {output_dir} "
+              "directly, not staged; a failed build leaves it incomplete (--workers N builds staged)",
+              file=sys.stderr)
         sys.argv = ["trtllm-build", *translated]
         trtllm_build_main()
         return 0
