@@ -160,7 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def default_runtime(args: argparse.Namespace) -> str:
     """graphed on CUDA (the PyTorch backend, a DFlash drafter or none): on an H100 it ran the default cost-aware tree
     at 376 tok/s against the eager runtime's 120 (BENCHMARKS.md, "On a GPU"); eager elsewhere, and for what only the
-    eager runtime does (--recalibrate; a DFlash2 drafter falls back to it once loaded)."""
+    eager runtime does (--recalibrate; a DFlash2 drafter falls back to it from its config, build_pytorch)."""
     if args.backend != "pytorch" or args.draft_type != "dflash" or args.recalibrate:
         return "eager"
     device = args.device
@@ -319,10 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         warning = low_precision_warning(dtype, proposer is not None)
         if warning:
             print(warning, file=sys.stderr)
-        if args.runtime == "graphed" and getattr(proposer, "selects_tokens", False):
-            if args.runtime_given:
-                raise DFlashError("--runtime graphed runs DFlash drafters, not DFlash2: use --runtime eager")
-            args.runtime = "eager"  # the default on CUDA; a DFlash2 drafter runs in the eager runtime
         budget = 0 if proposer is None else (default_budget if args.ddtree_budget is None else args.ddtree_budget)
         graphed_cost_aware = args.runtime == "graphed" and proposer is not None and args.ddtree_budget is None
         # Every prompt is encoded and checked before anything else runs: the cost-aware tree's first run measures
