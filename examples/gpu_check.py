@@ -23,7 +23,8 @@ almost nothing to accept):
 * ms per stage per step, per tree size; graphed AR against eager AR in tok/s; the prefill's ms (padded to a power of
   two and replayed from a graph, as on CUDA: every decoder here prefills that way, on a CPU too) against the eager
   runtime's;
-* the re-capture paths: a second request at T=0.8 (new graphs, a new cost curve, the learned tables untouched),
+* the re-capture paths: a second request at T=0.8 (new graphs, a new cost curve, the learned tables untouched;
+  its tokens eager AR's sampled tokens for the same seed),
   a prompt longer than the static state (it grows and re-captures), ``prepare()`` after that growth;
 * the compaction boundary: DDTree 3 with a block of 8 or 16, a 200-token prompt, 51 new tokens (a state sized from
   the tree instead of the block was written past its end there), then a capture right after it;
@@ -339,13 +340,14 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def eager_run(model: Any, drafter: Any | None, prompt: list[int], new: int, budget: int = 0) -> GenerationResult:
+def eager_run(model: Any, drafter: Any | None, prompt: list[int], new: int, budget: int = 0,
+              sampling: SamplingParams | None = None) -> GenerationResult:
     """The eager runtime (``decode.speculative_generate``): AR without a drafter, else the chain or a DDTree."""
     layer_ids = list(drafter.config.target_layer_ids) if drafter is not None else None
     verifier = HFTargetVerifier(model, layer_ids)
     try:
         proposer = DFlashProposer.for_target(drafter, model) if drafter is not None else None
-        return speculative_generate(verifier, proposer, prompt, new, ddtree_budget=budget)
+        return speculative_generate(verifier, proposer, prompt, new, sampling, ddtree_budget=budget)
     finally:
         verifier.close()  # its hooks on the target's layers must not stay for the graphed runs
 
@@ -562,6 +564,9 @@ def check_recapture(report: Report, ctx: Context) -> None:
         c.figures.update(tau=tau(out), tok_per_s=tok_per_s(out))
         if len(out.output_ids) != ctx.new_tokens or not all(0 <= t < ctx.model.config.vocab_size for t in out.output_ids):
             raise Mismatch(f"a sampled request gave {len(out.output_ids)} tokens: {out.output_ids[:12]}")
+        # Draws keyed by the seed and the token's index: the cost-aware tree samples eager AR's own tokens.
+        compare(out, eager_run(ctx.model, None, ctx.prompt, ctx.new_tokens, sampling=SAMPLED), "ar_T0.8", ctx.exact,
+                c.figures, lengths=False)
     ddtree = ctx.decoders.get("ddtree:32")
     with report.check(f"{ctx.tag}/sampled-vs-eager-stages") as c:
         ctx.needs(ddtree)

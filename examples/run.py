@@ -75,10 +75,10 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
     ap.add_argument("--random_seed", type=cli.seed, default=0,
-                    help="the sampling seed at --temperature > 0: the same seed repeats the output with "
-                         "--speculative_decoding_mode none or a fixed --ddtree_budget; the cost-aware tree (the "
-                         "default) sizes each step from measured costs and the acceptance learned so far, so there "
-                         "it gives another sample from the same distribution")
+                    help="the sampling seed at --temperature > 0: token t is drawn from a uniform keyed by the "
+                         "seed and t, so the same seed gives the same output in every mode and runtime, plain "
+                         "sampling's own (up to the dtype's rounding; a DFlash2 chain, --ddtree_budget 0, draws its "
+                         "own drafts: its samples repeat in that mode only)")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
                     help="float32/float64: greedy output equals the target's own, token for token; "
                          "float16/bfloat16: not guaranteed (see below)")
@@ -366,12 +366,6 @@ def main(argv: list[str] | None = None) -> int:
             if args.runtime == "graphed":
                 mode += ", graphed runtime"
         results.mode = mode
-        if not sampling.greedy and (policy is not None or graphed_cost_aware):
-            # Each step's tree size follows timings and the calibration, which change between runs, and with it the
-            # random draws each step takes: a user comparing two seeded runs must not take the difference for a bug.
-            print(f"note: --random_seed={args.random_seed} does not repeat a sample with the cost-aware tree (each "
-                  "step's tree size follows measured costs and the acceptance learned so far); a fixed "
-                  "--ddtree_budget or --speculative_decoding_mode none does", file=sys.stderr)
         if args.runtime == "graphed":  # every graph (and step cost) the prompts need, before the first one's clock
             decoder.reserve(max(len(ids) for ids in prompts), args.max_output_len)
             decoder.prepare(sampling)

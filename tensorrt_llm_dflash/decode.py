@@ -28,7 +28,7 @@ import torch
 
 from .errors import DFlashInputError
 from .policy import CostAwarePolicy, top_marginals
-from .sampling import SamplingParams, choose_tokens, make_generator
+from .sampling import SamplingParams, choose_tokens, make_draws
 from .tree import DRAFTER, DraftTree, build_chain, build_ddtree, validate_budget, walk
 
 STAGES = ("prefill", "draft", "tree_build", "tree_compile", "verify", "commit")
@@ -232,7 +232,9 @@ def speculative_generate(
     if bad:
         raise DFlashInputError(f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{target.vocab_size - 1}")
     stops = {int(t) for t in stop_token_ids}
-    generator = make_generator(sampling, target.device)
+    draws = make_draws(sampling)
+    # A DFlash2 chain at T > 0 samples its own drafts (and tests them by rejection) from a generator of the seed's.
+    generator = draws.generator(target.device) if draws is not None else None
     stats = GenerationStats()
     timer = _Timer(stats, target.synchronize)
     output = OutputStream(max_new_tokens, stops, on_tokens)
@@ -243,7 +245,7 @@ def speculative_generate(
         proposer.reset()
     with timer.stage("prefill"):
         last_logits, context = target.prefill(prompt)
-        root = int(choose_tokens(last_logits[None], sampling, generator)[0])
+        root = int(choose_tokens(last_logits[None], sampling, draws, [len(prompt)])[0])
     done = emit([root])
     past = len(prompt)
     history = np.asarray(prompt + [root], dtype=np.int64)  # what prompt lookup searches
@@ -279,7 +281,8 @@ def speculative_generate(
             accept = getattr(logits, "accept", None) if proposer is not None and policy is None else None
             accepted = accept(tree, node_logits, sampling, generator) if accept is not None else None
             if accepted is None:
-                choices = choose_tokens(node_logits, sampling, generator).cpu().numpy()
+                # Node n's choice is the token at index past + depth + 1: AR draws it from the same uniform.
+                choices = choose_tokens(node_logits, sampling, draws, past + 1 + tree.depths).cpu().numpy()
                 path, bonus = walk(tree, choices)
             else:
                 path, bonus = accepted

@@ -2,11 +2,12 @@
 
 **Rows.** The static state holds ``batch`` rows, one request each, with its own prompt length, tree,
 acceptance count, stop condition and sampling settings (temperature, top-p, top-k as per-row
-tensors; row r's uniforms drawn from row r's own generator, so its randomness comes from its seed
-alone). :meth:`GraphedDecoder.admit` prefills a prompt into a free row while the other rows are
-mid-generation (a one-row forward that touches nothing else; on CUDA at the prompt's padded length in a
-staging row, one graph per power-of-two length, ``static_state.PaddedPrefill``, then copied into the row: an eager
-prefill there is ~25-45 ms of launches, paid by every row waiting for it); :meth:`GraphedDecoder.step` runs one
+tensors; row r's draws keyed by row r's own seed and each token's index, ``sampling.keyed_uniforms``, so its
+randomness comes from its seed alone, whatever the tree sizes and the other rows).
+:meth:`GraphedDecoder.admit` prefills a prompt into a free row while the other rows are mid-generation (a one-row
+forward that touches nothing else; on CUDA at the prompt's padded length in a staging row, one graph per
+power-of-two length, ``static_state.PaddedPrefill``, then copied into the row: an eager prefill there is ~25-45 ms
+of launches, paid by every row waiting for it); :meth:`GraphedDecoder.step` runs one
 step of the admitted rows together; :meth:`GraphedDecoder.release` frees a row at the step boundary,
 and the next request takes it (continuous batching). A step covers the first ``b`` rows, ``b`` the
 smallest batch bucket (1, 2, 4, 8, ..., as nano-vllm and vLLM bucket) that holds every row stepping;
@@ -31,7 +32,7 @@ eagerly: one implementation):
 Nothing inside a step reads a device value on the host. The host learns what a step committed for
 every row from **one** device-to-host copy of ``[count, tokens..., lookup count, expected tokens per
 size]`` per row, which it needs anyway for streaming and stop tokens; what the next step needs (each
-row's depth limit, its uniforms, the tree size) it writes to the device before the launch. One
+row's depth limit, the tree size) it writes to the device before the launch. One
 exception: with ``size_choice="in_step"`` (the CPU's default; CUDA's is ``ahead``) the cost-aware
 tree's size is chosen inside the step from that step's own candidates, one more read per step
 (see :data:`SIZE_CHOICES`); that choice may be the root alone, where no drafted size is affordable for
@@ -42,8 +43,8 @@ values: those are tensors the graph reads.
 
 The committed tokens are the target's own choices at accepted nodes, exactly as in
 :mod:`tensorrt_llm_dflash.decode`: greedy output equals the target's greedy output, sampled output
-follows its distribution (inverse-CDF sampling from one uniform per node, drawn outside the graph so
-that replays stay deterministic under a seed).
+follows its distribution (inverse-CDF sampling, each node from the uniform of the index its choice takes,
+computed in the graph from the row's seed key and ``past``: the same draws as the eager runtime and AR).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ from .device_tree import (
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
 from .policy import PolicyConfig, models_calibration_path
-from .sampling import SamplingParams, fresh_seed
+from .sampling import SamplingParams, TokenDraws, inverse_cdf, keyed_uniforms, make_draws
 from .static_state import PaddedPrefill, StaticDrafter, StaticTarget, prefill_length
 from .target import check_prompt_fits, max_positions
 from .tree import validate_budget
@@ -186,7 +187,7 @@ class RowState:
     produced: int
     max_new_tokens: int
     sampling: SamplingParams
-    generator: torch.Generator | None
+    draws: TokenDraws | None
     #: Expected committed tokens at each drafted policy size, from the row's last drafted step (None: none yet).
     expected: list[float] | None = None
     #: Tokens the row is ahead of plain AR steps of the same batches (``SizeChooser``'s "Credit"): each step of
@@ -368,7 +369,9 @@ class GraphedDecoder:
         self.temperature = torch.zeros(b, dtype=torch.float64, device=dev)
         self.top_p = torch.ones(b, dtype=torch.float64, device=dev)
         self.top_k = torch.zeros(b, dtype=torch.long, device=dev)
-        self.uniforms = torch.zeros(b, max(self.sizes()), dtype=torch.float64, device=dev)
+        #: Per row: the two 32-bit words of its seed's key (``sampling.draw_key``), from which the graph computes
+        #: each node's uniform (zeros for greedy and free rows, whose draws nothing reads).
+        self.draw_key = torch.zeros(b, 2, dtype=torch.long, device=dev)
         expected = len(self.policy.buckets) if self.policy is not None else 0
         #: What the host copies once per step, per row: [count, committed tokens (padded), tokens only a lookup
         #: branch proposed, expected committed tokens at each drafted policy size (fixed point)].
@@ -472,9 +475,9 @@ class GraphedDecoder:
 
     @torch.inference_mode()
     def admit(self, row: int, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
-              generator: torch.Generator | None = None) -> int:
+              draws: TokenDraws | None = None) -> int:
         """Prefill ``prompt_ids`` into the free ``row`` (no other row is touched) and choose its first token, the
-        target's own choice after the prompt (drawn with ``generator``, the row's own, at T > 0); returns it (the
+        target's own choice after the prompt (drawn with ``draws``, the row's own, at T > 0); returns it (the
         prefill's one copy). The row steps from the next :meth:`step` on."""
         sampling = sampling or SamplingParams()
         prompt = [int(t) for t in prompt_ids]
@@ -483,8 +486,8 @@ class GraphedDecoder:
         if row in self.requests:
             raise DFlashInputError(f"row {row} is busy: release it before admitting another request")
         self.check_request(prompt, max_new_tokens)
-        if not sampling.greedy and generator is None:
-            raise DFlashInputError("a sampled row needs its own generator (seeded from the request)")
+        if not sampling.greedy and draws is None:
+            raise DFlashInputError("a sampled row needs its own draws (sampling.make_draws, keyed by the request's seed)")
         # The prefill writes slots 0..P-1 and the first step span more: nothing past the capacity.
         if len(prompt) + self.span > self.capacity:
             self._grow(max(len(prompt) + self.span, 2 * self.capacity))
@@ -504,14 +507,15 @@ class GraphedDecoder:
         self.temperature[row] = float(sampling.temperature)
         self.top_p[row] = float(sampling.top_p)
         self.top_k[row] = int(sampling.top_k)
+        self.draw_key[row] = torch.tensor(draws.key if draws is not None else (0, 0), dtype=torch.long)
         kind = sampling_kind([sampling])
-        if kind != "greedy":
-            self.uniforms[row, :1].uniform_(generator=generator)
         rows = slice(row, row + 1)
-        self.root[rows] = self._choose(last_logits[:, None], rows, kind)[:, 0]
+        # The first token is the one at index len(prompt) = past: the prompt's last token stands at depth -1.
+        before_root = torch.full((1, 1), -1, dtype=torch.long, device=self.device)
+        self.root[rows] = self._choose(last_logits[:, None], rows, kind, before_root)[:, 0]
         self.history[row, len(prompt)] = self.root[row]
         first = int(self.root[row].item())  # the prefill's one copy
-        self.requests[row] = RowState(len(prompt), 1, int(max_new_tokens), sampling, generator)
+        self.requests[row] = RowState(len(prompt), 1, int(max_new_tokens), sampling, draws)
         return first
 
     def _padded_prefill(self, prompt: torch.Tensor, row: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -593,7 +597,7 @@ class GraphedDecoder:
         kv[:, :, dst, :, :used].copy_(kv[:, :, src, :, :used])
         if hasattr(self.proposer, "move_row"):
             self.proposer.move_row(src, dst, used)
-        for tensor in (self.past, self.root, self.temperature, self.top_p, self.top_k):
+        for tensor in (self.past, self.root, self.temperature, self.top_p, self.top_k, self.draw_key):
             tensor[dst] = tensor[src]
         self.history[dst, : used + 1].copy_(self.history[src, : used + 1])
         self.past[src] = 0
@@ -737,24 +741,25 @@ class GraphedDecoder:
         return {"tokens": tree.tokens, "parents": tree.parents, "depths": tree.depths, "valid": tree.valid,
                 "num_nodes": tree.num_nodes, "scores": tree.scores, "visible": visibility_device(tree), **extra}
 
-    def _choose(self, logits: torch.Tensor, rows: slice, kind: str) -> torch.Tensor:
+    def _choose(self, logits: torch.Tensor, rows: slice, kind: str, depths: torch.Tensor) -> torch.Tensor:
         """The target's token after every node [b, N]: argmax at T = 0, else inverse-CDF sampling with each row's
-        settings and uniforms (greedy rows of a sampled batch still take the argmax)."""
+        settings and the uniform of the index the node's choice takes, ``past + depth + 1`` (what AR draws there;
+        greedy rows of a sampled batch still take the argmax)."""
         greedy = logits.argmax(-1)
         if kind == "greedy":
             return greedy
         temperature = self.temperature[rows]
         probs = row_probs(logits, temperature, self.top_k[rows], self.top_p[rows], kind == "filtered")
-        cdf = probs.to(torch.float64).cumsum(-1)
-        draw = self.uniforms[rows, : logits.shape[1], None] * cdf[..., -1:]
-        sampled = torch.searchsorted(cdf, draw, right=True).squeeze(-1).clamp_(max=logits.shape[-1] - 1)
-        return torch.where(temperature[:, None] > 0, sampled, greedy)
+        key = self.draw_key[rows]
+        positions = (self.past[rows, None] + 1 + depths).clamp(min=0)  # padding nodes: any index will do
+        uniforms = keyed_uniforms(key[:, :1], key[:, 1:], positions)
+        return torch.where(temperature[:, None] > 0, inverse_cdf(probs, uniforms), greedy)
 
     def _verify(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         b = self.bucket
         ids = live["tokens"].clamp(min=0)  # padding nodes (token -1) read a real row; nothing accepts them
         logits, features = self.target.verify(ids, live["depths"], live["visible"], self.past[:b], self.window)
-        out = {"choices": self._choose(logits, slice(0, b), self.kind)}
+        out = {"choices": self._choose(logits, slice(0, b), self.kind, live["depths"])}
         if features is not None:
             out["features"] = features
         return out
@@ -1077,7 +1082,7 @@ class GraphedDecoder:
         """Everything the next step needs, decided on the host from what it knows: the batch bucket, the capacity
         (grown if a row needs more), the window, the sampling class, the tree size (for a batch that is
         ``draining``, the pace of its slowest row: ``SizeChooser``), and on the device each row's depth limit (-1
-        for padding rows) and uniforms."""
+        for padding rows)."""
         bucket = self.bucket_for(stepping[-1] + 1)
         need = max(state.past for row, state in self.requests.items() if row < bucket) + self.span
         if need > self.capacity:
@@ -1108,11 +1113,6 @@ class GraphedDecoder:
             # Accepted drafts + the bonus after them fit the row's budget: a deeper node's bonus would be cut.
             depths[row] = min(state.remaining - 1, positions - 1 - state.past, deepest - 1)
         self.max_depth[:bucket].copy_(torch.tensor(depths, dtype=torch.long))
-        if kind != "greedy":
-            for row in stepping:
-                generator = self.requests[row].generator
-                if generator is not None:
-                    self.uniforms[row].uniform_(generator=generator)
 
     def launch(self) -> torch.Tensor:
         """One step of the planned shape on the device (no host read); returns the device buffer ``[b, columns]``."""
@@ -1185,7 +1185,7 @@ class GraphedDecoder:
     @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
                  stop_token_ids: Sequence[int] = (), on_tokens: Callable[[list[int]], None] | None = None,
-                 generator: torch.Generator | None = None) -> GenerationResult:
+                 draws: TokenDraws | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` for one prompt in row 0 (no other row may be in flight); same contract
         as ``decode.speculative_generate``."""
         sampling = sampling or SamplingParams()
@@ -1194,9 +1194,8 @@ class GraphedDecoder:
             raise DFlashInputError(f"generate() decodes one prompt alone; rows {sorted(self.requests)} are in flight")
         self.check_request(prompt, max_new_tokens)
         self.reserve(len(prompt), max_new_tokens)
-        if generator is None and not sampling.greedy:
-            generator = torch.Generator(device=self.device)
-            generator.manual_seed(sampling.seed if sampling.seed is not None else fresh_seed())
+        if draws is None:
+            draws = make_draws(sampling)
         # Every window this request passes through is captured before its prefill, none in the step loop.
         self.prepare(sampling, buckets=(1,), windows=self.windows_from(len(prompt) + self.span,
                                                                       len(prompt) + max_new_tokens + self.span))
@@ -1207,7 +1206,7 @@ class GraphedDecoder:
 
         t0 = time.perf_counter()
         try:  # the row is released whatever happens, the admission and the first token's callback included
-            done = output.emit([self.admit(0, prompt, max_new_tokens, sampling, generator)])
+            done = output.emit([self.admit(0, prompt, max_new_tokens, sampling, draws)])
             stats.stage_seconds["prefill"] = time.perf_counter() - t0
             while not done:
                 result = self.step([0], stats.stage_seconds)[0]

@@ -5,11 +5,11 @@
   released early, beside sampled rows, in AR, the chain, DDTree budgets and the cost-aware tree, with real random
   drafters and scripted ones that make long accepted paths (compaction of several rows at once).
 * Undisturbed: under a fixed tree a row's steps (tokens, acceptance per step) are those of its solo run, at T = 0
-  and at T > 0 (its uniforms come from its own generator), whatever its companions; throwaway steps (capture
+  and at T > 0 (its draws are keyed by its own seed), whatever its companions; throwaway steps (capture
   warm-up, cost timing) and a capacity growth in the middle of a batch change no row.
 * Sampling: chi-square per row against that row's own exact joint, four rows with four sampling settings in
   one batch, two of them admitted mid-run.
-* No host sync: a whole batched step (planning, uniforms, the stages) under NoHostSync, one named copy per step.
+* No host sync: a whole batched step (planning, the keyed draws, the stages) under NoHostSync, one named copy per step.
 * The cost-aware tree at batch B, from injected cost curves (no timing): it verifies trees where the batch's own
   curve makes them pay and falls back to AR where it does not; step costs are measured per batch bucket.
 * The drafter's context deferred on a CPU (AR steps' and prompts'): every draft reads what extending it at once
@@ -29,7 +29,7 @@ from tensorrt_llm_dflash.device_policy import SizeChooser
 from tensorrt_llm_dflash.errors import DFlashInputError
 from tensorrt_llm_dflash.graphed import GraphedDecoder, batch_buckets, row_probs, sampling_kind
 from tensorrt_llm_dflash.nosync import NoHostSync
-from tensorrt_llm_dflash.sampling import SamplingParams, processed_probs
+from tensorrt_llm_dflash.sampling import SamplingParams, TokenDraws, make_draws, processed_probs
 
 
 class ScriptedRows:
@@ -103,8 +103,8 @@ class Schedule:
                     if self.on_admit is not None:
                         self.on_admit(free[0], i)
                     params = self.sampling[i]
-                    generator = None if params.greedy else torch.Generator().manual_seed(params.seed)
-                    self.tokens[i] = [decoder.admit(free[0], self.prompts[i], self.lengths[i], params, generator)]
+                    self.tokens[i] = [decoder.admit(free[0], self.prompts[i], self.lengths[i], params,
+                                                    make_draws(params))]
                     self.steps[i] = []
             for row, i in list(row_of.items()):
                 if self.cut_at.get(i) == step:
@@ -287,7 +287,7 @@ def test_rows_refuse_what_cannot_run():
         decoder.admit(0, [3], 5)
     with pytest.raises(DFlashInputError, match="row=2 does not exist"):
         decoder.admit(2, [3], 5)
-    with pytest.raises(DFlashInputError, match="needs its own generator"):
+    with pytest.raises(DFlashInputError, match="needs its own draws"):
         decoder.admit(1, [3], 5, SamplingParams(0.5, seed=1))
     with pytest.raises(DFlashInputError, match="generate\\(\\) decodes one prompt alone"):
         decoder.generate([3], 4)
@@ -373,7 +373,7 @@ def exact_with_prompt(model, prompt: list[int], params: SamplingParams) -> np.nd
 @pytest.mark.parametrize("budget,size_choice", [(0, "ahead"), (4, "ahead"), (None, "ahead"), (None, "in_step")])
 def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, size_choice, monkeypatch):
     """Whole steps of three rows (greedy, sampled, filtered; one of them admitted mid-run) under NoHostSync: the
-    planning (depth limits, uniforms, tree size), every stage and the bookkeeping read nothing on the host except
+    planning (depth limits, tree size), the keyed draws, every stage and the bookkeeping read nothing on the host except
     the one named copy per step (what CUDA graphs need); choosing the size in the step (the CPU's way) adds one
     named read of the estimates per drafted step."""
     model = tiny_target("qwen3", seed=6)
@@ -382,7 +382,7 @@ def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, size_
                              policy_costs=flat_costs, size_choice=size_choice)
     decoder.prepare(SamplingParams(0.8, top_k=5, seed=1))  # the costs of the filtered class, outside the guard
     decoder.admit(0, [3, 4, 5, 6], 30)
-    decoder.admit(1, [7, 8], 30, SamplingParams(0.9, seed=2), torch.Generator().manual_seed(2))
+    decoder.admit(1, [7, 8], 30, SamplingParams(0.9, seed=2), TokenDraws(2))
     guard = NoHostSync()
     original = decoder._copy_out
 
@@ -401,7 +401,7 @@ def test_a_batched_step_reads_nothing_on_the_host_but_its_one_copy(budget, size_
     want = []
     for step in range(6):
         if step == 2:
-            decoder.admit(2, [9, 10, 11], 30, SamplingParams(1.1, top_p=0.8, seed=3), torch.Generator().manual_seed(3))
+            decoder.admit(2, [9, 10, 11], 30, SamplingParams(1.1, top_p=0.8, seed=3), TokenDraws(3))
         with guard:
             results = decoder.step()
         assert set(results) == ({0, 1} if step < 2 else {0, 1, 2})

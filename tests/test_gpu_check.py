@@ -73,6 +73,7 @@ def test_the_tiny_check_passes_on_the_cpu_and_records_every_figure(tmp_path, cap
         assert checks[f"{tag}/oracle-ddtree:32/graphed"]["figures"]["tau"] > 2  # long accepted paths were compacted
         assert checks[f"{tag}/recapture-longer-prompt"]["figures"]["equal_eager_ar"] is True
         assert checks[f"{tag}/sampled-vs-eager-stages"]["figures"]["equal_eager_stages_T0.8"] is True
+        assert checks[f"{tag}/recapture-temperature"]["figures"]["equal_ar_T0.8"] is True  # AR's own sample
         assert all(checks[f"{tag}/compaction-boundary-{kind}"]["figures"]["equal_eager_ar"] is True
                    and checks[f"{tag}/compaction-boundary-{kind}"]["figures"]["equal_eager_stages"] is True
                    for kind in ("drafter", "oracle"))

@@ -85,8 +85,12 @@ def test_a_repeated_input_text_adds_its_prompts():
 
 def _sample(pair: dict[str, Path], tmp_path: Path, seed: int, *extra: str) -> list[int]:
     out = tmp_path / f"seed{seed}.json"
-    assert load_example("run").main(_argv(pair, out, "--input_text", "hello", "--max_output_len", "12",
-                                          "--temperature", "1.0", "--random_seed", str(seed), *extra)) == 0
+    argv = _argv(pair, out, "--input_text", "hello", "--max_output_len", "12", "--temperature", "1.0",
+                 "--random_seed", str(seed), *extra)
+    if "none" in extra:  # plain sampling: no drafter
+        at = argv.index("--draft_model_dir")
+        del argv[at: at + 2]
+    assert load_example("run").main(argv) == 0
     return json.loads(out.read_text())["outputs"][0]["output_ids"]
 
 
@@ -98,12 +102,17 @@ def test_a_dflash2_run_with_a_fixed_budget_repeats_its_sample_for_the_same_seed(
     assert "does not repeat a sample" not in capsys.readouterr().err
 
 
-def test_a_seeded_cost_aware_run_says_the_seed_does_not_repeat_its_sample(pair, tmp_path, capsys):
-    """The cost-aware tree sizes each step from measured costs and the calibration it keeps between runs, so two
-    runs with one seed sample differently (seen on this machine); the run says so, and --help does too."""
-    _sample(pair, tmp_path, 7)
-    assert "note: --random_seed=7 does not repeat a sample with the cost-aware tree" in capsys.readouterr().err
-    assert "gives another sample" in " ".join(load_example("run").build_parser().format_help().split())
+def test_a_seeded_sample_is_plain_samplings_own_in_every_mode(pair, tmp_path, capsys):
+    """Token t is drawn from a uniform keyed by the seed and t: the cost-aware tree (twice: its sizes follow
+    measured costs and what it learned), a DFlash2 DDTree and plain sampling give one sample for one seed; --help
+    says so."""
+    first = _sample(pair, tmp_path, 7)
+    assert _sample(pair, tmp_path, 7) == first
+    assert _sample(pair, tmp_path, 7, "--ddtree_budget", "6") == first
+    assert _sample(pair, tmp_path, 7, "--speculative_decoding_mode", "none") == first
+    assert _sample(pair, tmp_path, 8) != first
+    assert "note:" not in capsys.readouterr().err
+    assert "same output in every mode and runtime" in " ".join(load_example("run").build_parser().format_help().split())
 
 
 def test_a_drafter_of_the_other_kind_is_refused_by_draft_type_before_the_target_loads(pair, tmp_path, monkeypatch,

@@ -24,7 +24,7 @@ from tensorrt_llm_dflash.proposer import DFlashProposer
 from tensorrt_llm_dflash.sampling import (
     SamplingParams,
     choose_tokens,
-    make_generator,
+    make_draws,
     processed_probs,
 )
 from tensorrt_llm_dflash.target import HFTargetVerifier
@@ -308,10 +308,12 @@ def test_processed_probs_match_transformers_warpers(temperature, top_k, top_p):
 
 def test_choose_tokens_greedy_and_sampled():
     logits = torch.tensor([[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
-    assert choose_tokens(logits, SamplingParams(), None).tolist() == [1, 0]
+    assert choose_tokens(logits, SamplingParams(), None, [4, 5]).tolist() == [1, 0]
     params = SamplingParams(1.0, top_k=1, seed=3)
-    assert choose_tokens(logits, params, make_generator(params, "cpu")).tolist() == [1, 0]
-    assert make_generator(SamplingParams(), "cpu") is None
+    assert choose_tokens(logits, params, make_draws(params), [4, 5]).tolist() == [1, 0]
+    assert make_draws(SamplingParams()) is None
+    with pytest.raises(DFlashInputError, match="needs its draws"):
+        choose_tokens(logits, params, None, [4, 5])
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -357,15 +359,16 @@ def test_a_top_p_that_underflows_keeps_the_most_probable_token(dtype):
 def test_sampling_without_a_seed_leaves_torchs_global_generator_alone():
     """A request without a seed draws one from the OS: torch.seed() reseeded the global generator, so a user's seeded
     torch.rand after the call no longer repeated."""
-    from tensorrt_llm_dflash.sampling import SamplingParams, make_generator
+    from tensorrt_llm_dflash.sampling import SamplingParams, make_draws
 
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
-    first = make_generator(SamplingParams(temperature=1.0), "cpu").initial_seed()
+    first = make_draws(SamplingParams(temperature=1.0)).seed
     assert torch.equal(torch.rand(3), expected)
-    assert make_generator(SamplingParams(temperature=1.0), "cpu").initial_seed() != first  # fresh each time
-    assert make_generator(SamplingParams(temperature=1.0, seed=5), "cpu").initial_seed() == 5
+    assert make_draws(SamplingParams(temperature=1.0)).seed != first  # fresh each time
+    assert make_draws(SamplingParams(temperature=1.0, seed=5)).seed == 5
+    assert make_draws(SamplingParams(temperature=1.0, seed=5)).generator("cpu").initial_seed() == 5
 
 
 @pytest.mark.parametrize("field, value, says", [("top_k", 2.5, "top_k=2.5 must be an integer"),

@@ -4,7 +4,7 @@ The scheduler (:mod:`.engine`) knows nothing about trees, KV caches or CUDA grap
 runner with ``max_batch`` rows (slots), admits a request into a free slot, calls ``step()`` for all
 admitted rows at once, and releases a slot when its request is finished or its client has gone.
 That is the whole contract, so the scheduler does not change when a TensorRT-LLM engine runner
-serves (issue 37 item 5, ``--backend trt``).
+serves (``--backend trt``).
 
 :class:`GraphedRunner` is one :class:`~tensorrt_llm_dflash.graphed.GraphedDecoder` of ``max_batch``
 rows: every step is one forward pass of the target over every row's tree (one CUDA graph per batch
@@ -21,10 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-import torch
-
 from ..errors import DFlashInputError
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, TokenDraws
 from ..target import check_prompt_fits
 
 #: Slots per row the decoder starts with; it doubles when a row needs more.
@@ -104,15 +102,14 @@ def check_row(row: RowRequest, max_model_len: int, vocab_size: int) -> None:
         raise DFlashInputError(f"prompt token ids {bad[:5]} are outside the target vocabulary 0..{vocab_size - 1}")
 
 
-def row_generator(sampling: SamplingParams, device: torch.device) -> torch.Generator | None:
-    """The row's own generator (T > 0): a request's draws never depend on other requests."""
+def row_draws(sampling: SamplingParams) -> TokenDraws | None:
+    """The row's own draws (T > 0), keyed by its seed and each token's index: a request's sample never depends on
+    other requests, the tree sizes or the server's load."""
     if sampling.greedy:
         return None
     if sampling.seed is None:
         raise DFlashInputError("a sampled request needs a seed: the scheduler draws one when the client sends none")
-    generator = torch.Generator(device=device)
-    generator.manual_seed(int(sampling.seed))
-    return generator
+    return TokenDraws(int(sampling.seed))
 
 
 @dataclass
@@ -202,8 +199,8 @@ class GraphedRunner:
         check_row(row, self.max_model_len, self.vocab_size)
         used = set(self._row_of.values())
         decoder_row = min(r for r in range(self.max_batch) if r not in used)
-        generator = row_generator(row.sampling, self.decoder.device)
-        first = self.decoder.admit(decoder_row, row.prompt_ids, row.max_new_tokens, row.sampling, generator)
+        first = self.decoder.admit(decoder_row, row.prompt_ids, row.max_new_tokens, row.sampling,
+                                   row_draws(row.sampling))
         self._row_of[slot] = decoder_row
         self._pending[slot] = RowStep([first], tree_size=0)
 

@@ -1,8 +1,8 @@
-"""Several prompts through one DFlash engine in one step loop (issue 37, item 5).
+"""Several prompts through one DFlash engine in one step loop.
 
 ``EngineBatch`` drives a :class:`~.runner.DFlashEngineTarget` of R rows (R <= the engine's
 ``--max_batch_size``). Each row runs exactly what ``decode.speculative_generate`` runs for one
-prompt, in the same order and with its own generator: prefill, first token, then per step its
+prompt, in the same order and with its own draws: prefill, first token, then per step its
 own draft (the engine's previous pass), its own tree (chain, DDTree of the budget, or a DFlash2
 tree), the target's choices, the walk or the DFlash2 rejection sampling, commit, its own stop
 condition. What rows share is the engine pass: one context pass for the prompts admitted together
@@ -33,7 +33,7 @@ import torch
 
 from ..decode import GenerationResult, GenerationStats, OutputStream, draft_tree
 from ..errors import DFlashInputError
-from ..sampling import SamplingParams, choose_tokens, make_generator
+from ..sampling import SamplingParams, TokenDraws, choose_tokens, make_draws
 from ..target import check_prompt_fits
 from ..tree import DraftTree, build_chain, validate_budget, walk
 from .runner import DFlashEngineTarget
@@ -47,9 +47,9 @@ class BatchRequest:
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: Sequence[int] = ()
-    #: The row's own generator at T > 0; None: ``sampling.make_generator`` (seeded by ``sampling.seed``), as
-    #: ``speculative_generate`` makes it.
-    generator: torch.Generator | None = None
+    #: The row's own draws at T > 0; None: ``sampling.make_draws`` (keyed by ``sampling.seed``), as
+    #: ``speculative_generate`` makes them.
+    draws: TokenDraws | None = None
 
 
 @dataclass(eq=False)
@@ -57,6 +57,8 @@ class BatchRow:
     """The host side of one admitted prompt: what ``speculative_generate`` keeps in its locals."""
 
     request: BatchRequest
+    draws: TokenDraws | None
+    #: A DFlash2 chain's own draws at T > 0 (a generator of the row's seed, as ``speculative_generate`` makes it).
     generator: torch.Generator | None
     output: OutputStream
     stats: GenerationStats
@@ -126,16 +128,17 @@ class EngineBatch:
         rows = []
         for request in requests:
             sampling = request.sampling
-            generator = request.generator if request.generator is not None else make_generator(sampling,
-                                                                                              self.target.device)
-            rows.append(BatchRow(request, generator, OutputStream(request.max_new_tokens,
+            draws = request.draws if request.draws is not None else make_draws(sampling)
+            generator = draws.generator(self.target.device) if draws is not None else None
+            rows.append(BatchRow(request, draws, generator, OutputStream(request.max_new_tokens,
                                                                   {int(t) for t in request.stop_token_ids}, None),
                                  GenerationStats(), start))
         first = len(self.active)
         logits = self.target.prefill_rows(range(first, first + len(rows)), [r.prompt_ids for r in requests])
         self.active += rows
         for row, last_logits in zip(rows, logits):
-            row.root = int(choose_tokens(last_logits[None], row.request.sampling, row.generator)[0])
+            row.root = int(choose_tokens(last_logits[None], row.request.sampling, row.draws,
+                                         [len(row.request.prompt_ids)])[0])
             row.past = len(row.request.prompt_ids)
             row.done = row.output.emit([row.root])
         spent = time.perf_counter() - start
@@ -191,7 +194,7 @@ class EngineBatch:
         accept = getattr(draft, "accept", None)
         accepted = accept(tree, logits, request.sampling, row.generator) if accept is not None else None
         if accepted is None:
-            choices = choose_tokens(logits, request.sampling, row.generator).cpu().numpy()
+            choices = choose_tokens(logits, request.sampling, row.draws, row.past + 1 + tree.depths).cpu().numpy()
             path, bonus = walk(tree, choices)
         else:
             path, bonus = accepted
@@ -270,8 +273,8 @@ def in_request_order(finished: Iterable[tuple[int, GenerationResult]]) -> Iterat
 def run_prompts(target: DFlashEngineTarget, budget: int, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                 sampling: SamplingParams, stop_token_ids: Sequence[int]) -> Iterator[GenerationResult]:
     """examples/run.py's prompts through one ``EngineBatch``: each prompt's result in prompt order, as it and
-    every earlier prompt are done (each row with its own generator, seeded as ``speculative_generate`` seeds
-    it for that prompt alone)."""
+    every earlier prompt are done (each row with its own draws, keyed as ``speculative_generate`` keys them for
+    that prompt alone)."""
     batch = EngineBatch(target, budget)
     requests = [BatchRequest(list(p), max_new_tokens, sampling, tuple(stop_token_ids)) for p in prompts]
     return in_request_order(batch.finished(requests))

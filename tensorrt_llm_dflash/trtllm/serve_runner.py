@@ -1,4 +1,4 @@
-"""The server's ``BatchRunner`` over a DFlash TensorRT-LLM engine (issue 37, item 5: ``--backend trt``).
+"""The server's ``BatchRunner`` over a DFlash TensorRT-LLM engine (``--backend trt``).
 
 :class:`EngineServeRunner` implements ``serve.runner.BatchRunner`` (``admit`` / ``step`` / ``release``)
 with one :class:`~.batch.EngineBatch`: scheduler slots map to engine rows. ``admit`` checks the request
@@ -26,7 +26,7 @@ import torch
 
 from ..errors import DFlashInputError
 from ..sampling import SamplingParams
-from ..serve.runner import RowRequest, RowStep, check_row, row_generator
+from ..serve.runner import RowRequest, RowStep, check_row, row_draws
 from .batch import BatchRequest, BatchRow, EngineBatch
 from .runner import DFlashEngineTarget, read_engine_config
 
@@ -80,7 +80,7 @@ class EngineServeRunner:
         check_row(row, self.max_model_len, self.vocab_size)
         sampling: SamplingParams = row.sampling
         request = BatchRequest(list(row.prompt_ids), row.max_new_tokens, sampling,
-                               generator=row_generator(sampling, self.target.device))
+                               draws=row_draws(sampling))
         self.batch.check(request)
         self._waiting[slot] = request
 
