@@ -19,9 +19,12 @@ from tiny_dirs import char_tokenizer
 from tiny_models import hf_greedy, tiny_drafter, tiny_target
 
 from tensorrt_llm_dflash.compat import chat_token_ids
+from tensorrt_llm_dflash.decode import speculative_generate
+from tensorrt_llm_dflash.sampling import SamplingParams
 from tensorrt_llm_dflash.serve.api import ServerSettings, create_app
 from tensorrt_llm_dflash.serve.engine import Engine
 from tensorrt_llm_dflash.serve.runner import BatchRunner, DecoderSpec, RowRequest, RowStep, graphed_rows
+from tensorrt_llm_dflash.target import HFTargetVerifier
 
 #: The tiny target's context: prompts are characters, so a 600-character prompt does not fit.
 MAX_POSITIONS = 512
@@ -56,6 +59,16 @@ class TinyModels:
 
     def solo_text(self, prompt_ids: list[int], max_tokens: int) -> str:
         return self.tokenizer.decode(self.solo_ids(prompt_ids, max_tokens), skip_special_tokens=True)
+
+    def solo_sample_text(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> str:
+        """Plain AR sampling of the prompt with the request's seed (the eager runtime, no drafter): what a seeded
+        request must get whatever the server's load, its draws being keyed by the seed and each token's index."""
+        verifier = HFTargetVerifier(self.model)
+        try:
+            ids = speculative_generate(verifier, None, list(prompt_ids), max_tokens, params).output_ids
+        finally:
+            verifier.close()
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def spec(self, budget: int | None = None, speculative: bool = True) -> DecoderSpec:
         return DecoderSpec(self.model, self.drafter if speculative else None, budget=budget,

@@ -34,6 +34,7 @@ from serve_support import (
     tiny_server,
 )
 
+from tensorrt_llm_dflash.sampling import SamplingParams
 from tensorrt_llm_dflash.serve.runner import GraphedRunner, RowStep, graphed_rows
 
 CHAT = [{"role": "system", "content": "You answer in code."}, {"role": "user", "content": "Add two numbers."}]
@@ -170,21 +171,28 @@ def test_a_seed_reproduces_a_sample_streamed_or_not(one_row, models):
 
 
 def test_a_burst_of_64_requests_from_16_clients(server, models):
+    """Every answer arrives whole and equals its solo output: greedy requests transformers' greedy continuation,
+    seeded sampled ones (every fifth) plain AR sampling's with that seed, whatever the other rows and the tree
+    sizes the load makes the cost-aware tree choose."""
     before = server.metrics()
     jobs = []
     for i in range(64):
         chat, stream, n = i % 2 == 1, i % 3 == 0, 6 + (i * 7) % 17
+        sampling = SamplingParams(0.8, top_p=0.95, seed=7000 + i) if i % 5 == 2 else SamplingParams()
         if chat:
             prompt = [{"role": "user", "content": f"request {i}: sum ({i}, {i * 3})"}]
             ids = models.chat_ids(prompt)
         else:
             prompt = f"request {i}: def f{i}(x):"
             ids = models.encode(prompt)
-        jobs.append((i, chat, stream, n, prompt, models.solo_text(ids, n)))
+        solo = models.solo_text(ids, n) if sampling.greedy else models.solo_sample_text(ids, n, sampling)
+        jobs.append((i, chat, stream, n, prompt, solo, sampling))
 
     async def one(client, job) -> tuple[int, str, int]:
-        i, chat, stream, n, prompt, _ = job
-        common = {"model": MODEL_NAME, "max_tokens": n, "temperature": 0}
+        i, chat, stream, n, prompt, _, sampling = job
+        common = {"model": MODEL_NAME, "max_tokens": n, "temperature": sampling.temperature, "top_p": sampling.top_p}
+        if not sampling.greedy:
+            common["seed"] = sampling.seed
         if chat:
             response = await client.chat.completions.create(messages=prompt, stream=stream, **common)
         else:
