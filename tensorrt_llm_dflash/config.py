@@ -308,6 +308,15 @@ class DFlashDraftConfig:
                 f"vocab_size mismatch: drafter vocab_size={self.vocab_size}, "
                 f"target vocab_size={vocab_size}"
             )
+        if self.num_target_layers is not None and self.num_target_layers != num_hidden_layers:
+            # Its hidden size and vocabulary may still agree (Qwen3-14B and -32B do): the drafter would run, exact
+            # but reading features of layers it was never trained on, and accept next to nothing.
+            raise DFlashConfigError(
+                f"num_target_layers={self.num_target_layers}: this drafter was made for a target of "
+                f"{self.num_target_layers} layers, but the target has num_hidden_layers={num_hidden_layers}; "
+                f"pair it with its own target (or, to run this pairing anyway, set num_target_layers to "
+                f"{num_hidden_layers} in the drafter's config.json)"
+            )
         bad = [i for i in self.target_layer_ids if not 0 <= i < num_hidden_layers]
         if bad:
             raise DFlashConfigError(

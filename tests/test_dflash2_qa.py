@@ -104,6 +104,15 @@ def test_a_drafter_made_for_another_target_is_refused_before_the_target_loads(pa
     assert says in err and "--target_model_dir" in err
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+def test_a_drafter_for_a_target_of_another_depth_is_refused_before_the_target_loads(pair, tmp_path, no_target_load,
+                                                                                   capsys, kind):
+    drafter = _copy(pair[kind], tmp_path / "d", config=lambda raw: raw.__setitem__("num_target_layers", 9))
+    err = _refusal(pair, drafter, capsys)
+    assert "num_target_layers=9: this drafter was made for a target of 9 layers, but the target has " \
+           "num_hidden_layers=6" in err
+
+
 def test_a_drafter_for_a_target_of_another_hidden_size_is_refused_before_the_target_loads(pair, tmp_path,
                                                                                          no_target_load, capsys):
     wide = tiny_target("qwen3", seed=0, vocab=64, layers=6, hidden=64, dtype=torch.float32)

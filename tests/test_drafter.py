@@ -372,6 +372,19 @@ def test_target_layer_ids_out_of_range(config, ids, bad):
     assert f"target_layer_ids={ids}" in msg and f"has {bad}" in msg and "num_hidden_layers=4" in msg
 
 
+def test_a_drafter_made_for_a_target_of_another_depth(config):
+    """Hidden size and vocabulary can agree across depths (Qwen3-14B and -32B): num_target_layers tells them apart."""
+    config.num_target_layers = 6
+    with pytest.raises(DFlashConfigError) as err:
+        config.validate_for_target(hidden_size=32, vocab_size=40, num_hidden_layers=4)
+    msg = str(err.value)
+    assert msg.startswith("num_target_layers=6: this drafter was made for a target of 6 layers, but the target has "
+                          "num_hidden_layers=4") and "set num_target_layers to 4" in msg
+    config.validate_for_target(hidden_size=32, vocab_size=40, num_hidden_layers=6)
+    config.num_target_layers = None  # not stated: nothing to compare
+    config.validate_for_target(hidden_size=32, vocab_size=40, num_hidden_layers=4)
+
+
 @pytest.mark.parametrize("mask,rows", [(40, None), (-1, None), (45, 45)])
 def test_mask_token_outside_embedding(config, mask, rows):
     config.mask_token_id = mask
