@@ -29,7 +29,10 @@ and each forward's committed tokens with a streamer; the two counts must agree.
 At T=0 every output is compared with the AR reference's on the same prompt. In float32 and
 float64 that is a pass/fail check (``mismatch_lines``). In float16 and bfloat16 the verify
 pass rounds differently from a one-token step (see ``precision``), so the comparison is
-reported as a match rate instead and never fails the run.
+reported as a match rate instead and never fails the run. At T>0 this runtime's methods draw
+each token from a uniform keyed by the prompt's seed and its index, so they sample AR's own
+tokens: compared with ``ar`` (or ``ar-graph``) as a match rate in every dtype (rounding can move
+a draw across a token's boundary); transformers' methods sample otherwise and are not compared.
 """
 
 from __future__ import annotations
@@ -113,6 +116,10 @@ class MethodKind:
     #: Its proposer reads the DFlash drafter the harness loads (``BenchContext.drafter``, ``--draft_model_dir``).
     #: False for a speculative kind that loads a drafter of its own (the LoRA-inject kinds: ``--lora_inject_dir``).
     needs_dflash_drafter: bool = True
+    #: At T > 0 it draws token t from the uniform keyed by the prompt's seed and t (``sampling.keyed_uniforms``), so
+    #: its sample is this runtime's AR sample for that seed: checked against ``ar`` / ``ar-graph`` as a match rate.
+    #: False for transformers' own sampling (``hf``, ``pld``, ``hf-static``), which draws from torch's generator.
+    keyed_draws: bool = True
 
 
 def no_param(kind: str) -> Callable[[str | None], None]:
@@ -604,8 +611,9 @@ def _dflash_proposer(ctx: BenchContext) -> Any:
 
 _BUILTIN = {
     "ar": MethodKind(run_runtime, no_param("ar"), autoregressive=True),
-    "hf": MethodKind(run_transformers, no_param("hf"), autoregressive=True),
-    "pld": MethodKind(run_transformers, _int_param("pld", "the number of lookup tokens", DEFAULT_PLD_TOKENS, 1, 256)),
+    "hf": MethodKind(run_transformers, no_param("hf"), autoregressive=True, keyed_draws=False),
+    "pld": MethodKind(run_transformers, _int_param("pld", "the number of lookup tokens", DEFAULT_PLD_TOKENS, 1, 256),
+                      keyed_draws=False),
     "dflash": MethodKind(run_runtime, no_param("dflash"), build_proposer=_dflash_proposer, budget_family="DFlash"),
     "ddtree": MethodKind(run_runtime, budget_param("ddtree", "dflash"), build_proposer=_dflash_proposer,
                          budget=lambda m: m.param, budget_family="DFlash"),
@@ -633,7 +641,7 @@ def _describe_auto(method: Method) -> str:
             f"cost-aware DDTree + prompt-lookup branches, at most {nodes} draft nodes")
 
 
-_BUILTIN["hf-static"] = MethodKind(run_transformers, no_param("hf-static"), autoregressive=True)
+_BUILTIN["hf-static"] = MethodKind(run_transformers, no_param("hf-static"), autoregressive=True, keyed_draws=False)
 _BUILTIN["ar-graph"] = MethodKind(run_graphed, no_param("ar-graph"), autoregressive=True, describe=_describe_graphed)
 _BUILTIN["dflash-graph"] = MethodKind(run_graphed, no_param("dflash-graph"), build_proposer=_dflash_proposer,
                                       budget_family="DFlash (graph)", describe=_describe_graphed)
@@ -835,7 +843,7 @@ def tau_by_category(records: Sequence[RequestRecord], categories: Sequence[str |
 
 def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method], greedy: bool,
               dtype: Any = "float32", categories: Sequence[str | None] = ()) -> dict[str, Any]:
-    """Summaries, comparisons and (at T=0) the output check against the AR reference.
+    """Summaries, comparisons and the output check against the AR reference.
 
     ``dtype`` is the dtype the target ran in (a name such as ``"bfloat16"`` or a
     ``torch.dtype``). It decides what the check means (``output_check`` in the result):
@@ -843,8 +851,14 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
     reports it; ``"match_rate"`` in float16/bfloat16, where the speculative output is not
     guaranteed to equal AR (``precision``), so each method's ``match_rate`` and
     ``mean_first_difference`` are reported and nothing fails; None when there is no
-    check (T > 0, or no ``ar``/``hf`` reference). ``outputs_match``, ``all_outputs_match``
+    check (no ``ar``/``hf`` reference). ``outputs_match``, ``all_outputs_match``
     and ``mismatches`` state the facts in every mode.
+
+    At T > 0 (``greedy`` False) the methods whose draws are keyed by the seed (``MethodKind.keyed_draws``) are
+    checked against this runtime's AR (``ar`` or ``ar-graph``: every method samples prompt i with seed
+    ``seed + i``) as a match rate in every dtype: a rounding difference between a verify and an AR step moves a
+    draw across a token's boundary about as often as the two distributions differ, not only at near-ties.
+    ``sampled`` in the result says which check it was.
     """
     dtype = precision.canonical_dtype(dtype)
     summaries = {}
@@ -857,13 +871,19 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
                               **summarize_method(records[m.label])}
     baselines = [m.label for m in methods if METHOD_KINDS[m.kind].autoregressive]
     base = compare_methods(summaries, baselines)
-    reference = next((b for b in ("ar", "hf", "ar-graph", "hf-static") if b in records), None)
-    match = check_outputs(records, reference) if greedy and reference else {}
+    if greedy:
+        reference = next((b for b in ("ar", "hf", "ar-graph", "hf-static") if b in records), None)
+        checked = records
+    else:
+        reference = next((b for b in ("ar", "ar-graph") if b in records), None)
+        checked = {m.label: records[m.label] for m in methods if METHOD_KINDS[m.kind].keyed_draws}
+    match = check_outputs(checked, reference) if reference else {}
     for label, summary in summaries.items():
         summary.update(match.get(label, _NOT_CHECKED))
-    all_match = all(s["outputs_match"] for s in summaries.values()) if match else None
-    check = ("exact" if precision.is_exact(dtype) else "match_rate") if match else None
-    return {"baseline": base, "dtype": dtype, "output_check": check, "output_guarantee": precision.guarantee(dtype),
+    all_match = all(m["outputs_match"] for m in match.values()) if match else None
+    check = ("exact" if greedy and precision.is_exact(dtype) else "match_rate") if match else None
+    return {"baseline": base, "dtype": dtype, "output_check": check, "sampled": not greedy,
+            "output_guarantee": precision.guarantee(dtype),
             "output_reference": reference if match else None, "all_outputs_match": all_match,
             "methods": summaries}
 
@@ -1043,13 +1063,22 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
                      f"{_fmt(s['speedup'], '.2f', 'x')} | {_fmt(s['ideal_speedup'], '.2f', 'x')} | "
                      f"{_fmt(s['efficiency'], '.0%')} | {match} | {fractions} |")
     lines.append("")
-    if check == "match_rate":
+    if check == "match_rate" and summary.get("sampled"):
+        lines.append(f"Output check: a match rate against `{summary['output_reference']}`, not pass/fail. At T > 0 "
+                     "each of this runtime's methods draws token t from a uniform keyed by the prompt's seed and t, "
+                     "so it samples AR's own tokens, up to rounding: a verify's logits differ from an AR step's in "
+                     "the last bits, which moves a draw across a token's boundary now and then. transformers' "
+                     "methods (hf, pld) draw otherwise and are not checked (-); a DFlash2 drafter's sampled chain "
+                     "draws its own drafts. Each difference is listed in results.json (`mismatches`).")
+    elif check == "match_rate":
         lines.append(f"Output check: a match rate against `{summary['output_reference']}`, not pass/fail. "
                      f"{precision.guarantee(summary['dtype'])}. Match rate = share of prompts whose output equals "
                      "the reference's; mean first diff = mean position of the first differing token over the "
                      "prompts that differ. Each difference is listed in results.json (`mismatches`).")
     elif summary["all_outputs_match"] is None:
-        lines.append("Output check: not applicable (T > 0, or no `ar`/`hf` reference in the run).")
+        lines.append("Output check: not applicable (no `ar` or `ar-graph` reference in the run; at T > 0 `hf` "
+                     "draws otherwise)." if summary.get("sampled") else
+                     "Output check: not applicable (no `ar`/`hf` reference in the run).")
     elif summary["all_outputs_match"]:
         lines.append(f"Output check: every output equals `{summary['output_reference']}` on every prompt.")
     else:
