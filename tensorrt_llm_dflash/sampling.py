@@ -100,9 +100,11 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 # the token's index in the sequence alone: U(seed, t). The speculative runtimes choose the target's token at every
 # tree node from the uniform of the index that node's choice would take, and AR takes the same uniform at the same
 # index, so a sampled output is the same token for token whatever the tree's size, the policy's choices, the
-# runtime or the other requests of a batch (up to the dtype's rounding, as for greedy output): the same seed gives
-# the same answer. Each token is still an exact draw from the target's distribution given the tokens before it
-# (U(seed, t) is uniform and never read before index t is reached).
+# runtime or the other requests of a batch: in float64 the same seed gives the same answer. (In float32 a verify's
+# rounding moves a draw across a token's boundary now and then, more often than it flips a greedy near-tie: a draw
+# on a token of tiny probability changes with any shift of the boundaries before it.) Each token is still an exact
+# draw from the target's distribution given the tokens before it (U(seed, t) is uniform and never read before index
+# t is reached).
 #
 # The hash is integer arithmetic every device does alike: 32-bit words kept in int64 tensors, where no product
 # passes 2**49 (no overflow, which torch leaves to the platform), and the same function on Python ints.
