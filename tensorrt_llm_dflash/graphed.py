@@ -2,7 +2,7 @@
 
 **Rows.** The static state holds ``batch`` rows, one request each, with its own prompt length, tree,
 acceptance count, stop condition and sampling settings (temperature, top-p, top-k as per-row
-tensors; row r's draws keyed by row r's own seed and each token's index, ``sampling.keyed_uniforms``, so its
+tensors; row r's draws keyed by row r's own seed and each token's index, ``sampling.keyed_draw``, so its
 randomness comes from its seed alone, whatever the tree sizes and the other rows).
 :meth:`GraphedDecoder.admit` prefills a prompt into a free row while the other rows are mid-generation (a one-row
 forward that touches nothing else; on CUDA at the prompt's padded length in a staging row, one graph per
@@ -43,7 +43,7 @@ values: those are tensors the graph reads.
 
 The committed tokens are the target's own choices at accepted nodes, exactly as in
 :mod:`tensorrt_llm_dflash.decode`: greedy output equals the target's greedy output, sampled output
-follows its distribution (inverse-CDF sampling, each node from the uniform of the index its choice takes,
+follows its distribution (``sampling.keyed_draw``, each node with the uniforms of the index its choice takes,
 computed in the graph from the row's seed key and ``past``: the same draws as the eager runtime and AR).
 """
 
@@ -72,7 +72,7 @@ from .device_tree import (
 from .drafter import DFlashDraftModel
 from .errors import DFlashInputError
 from .policy import PolicyConfig, models_calibration_path
-from .sampling import SamplingParams, TokenDraws, inverse_cdf, keyed_uniforms, make_draws
+from .sampling import SamplingParams, TokenDraws, keyed_draw, make_draws
 from .static_state import PaddedPrefill, StaticDrafter, StaticTarget, prefill_length
 from .target import check_prompt_fits, max_positions
 from .tree import validate_budget
@@ -742,8 +742,8 @@ class GraphedDecoder:
                 "num_nodes": tree.num_nodes, "scores": tree.scores, "visible": visibility_device(tree), **extra}
 
     def _choose(self, logits: torch.Tensor, rows: slice, kind: str, depths: torch.Tensor) -> torch.Tensor:
-        """The target's token after every node [b, N]: argmax at T = 0, else inverse-CDF sampling with each row's
-        settings and the uniform of the index the node's choice takes, ``past + depth + 1`` (what AR draws there;
+        """The target's token after every node [b, N]: argmax at T = 0, else the keyed draw with each row's
+        settings and the uniforms of the index the node's choice takes, ``past + depth + 1`` (what AR draws there;
         greedy rows of a sampled batch still take the argmax)."""
         greedy = logits.argmax(-1)
         if kind == "greedy":
@@ -752,8 +752,7 @@ class GraphedDecoder:
         probs = row_probs(logits, temperature, self.top_k[rows], self.top_p[rows], kind == "filtered")
         key = self.draw_key[rows]
         positions = (self.past[rows, None] + 1 + depths).clamp(min=0)  # padding nodes: any index will do
-        uniforms = keyed_uniforms(key[:, :1], key[:, 1:], positions)
-        return torch.where(temperature[:, None] > 0, inverse_cdf(probs, uniforms), greedy)
+        return torch.where(temperature[:, None] > 0, keyed_draw(probs, key[:, :1], key[:, 1:], positions), greedy)
 
     def _verify(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         b = self.bucket

@@ -1,13 +1,14 @@
 """Sampled tokens keyed by the seed and the token's index: speculation at T > 0 gives AR's own sampled tokens.
 
-Every runtime draws the token at sequence index t from the uniform U(seed, t) (``sampling.keyed_uniforms``) by
-inverse CDF, so a sampled speculative run must equal, token for token, a plain AR sampler that draws each token the
-same way. The reference here is independent of every runtime: a fresh full forward of the whole sequence per
-token (no KV cache, no tree, no walk). Checked in float64 on tiny Qwen3 and Llama targets for the eager runtime
-(chain, DDTree budgets, the cost-aware tree), the graphed runtime alone and in a batch with rows admitted mid-run,
-with drafts that know the sampled continuation (long accepted paths at T > 0) and with real random drafters.
-The draws themselves: the same function on Python ints and on tensors, uniform, unrelated across neighbouring
-indices and seeds; the inverse CDF never returns a token of probability zero.
+Every runtime draws the token at sequence index t with uniforms keyed by the seed, t and a lane
+(``sampling.keyed_draw``: a two-level exponential race), so a sampled speculative run must equal, token for token,
+a plain AR sampler that draws each token the same way. The reference here is independent of every runtime: a fresh
+full forward of the whole sequence per token (no KV cache, no tree, no walk). Checked in float64 on tiny Qwen3 and
+Llama targets for the eager runtime (chain, DDTree budgets, the cost-aware tree), the graphed runtime alone and in a
+batch with rows admitted mid-run, with drafts that know the sampled continuation (long accepted paths at T > 0) and
+with real random drafters. The draws themselves: the same hash on Python ints and on tensors, uniform and unrelated
+across neighbouring indices, lanes and seeds; the race follows its distribution (chi-square), never draws a token of
+probability 0, and moves far less under a rounding of the logits than an inverse-CDF draw does.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ from tensorrt_llm_dflash.graphed import GraphedDecoder
 from tensorrt_llm_dflash.policy import CostAwarePolicy, PolicyConfig
 from tensorrt_llm_dflash.proposer import DFlashProposer
 from tensorrt_llm_dflash.sampling import (
+    RACE_BLOCK,
     SamplingParams,
-    TokenDraws,
     draw_key,
-    inverse_cdf,
+    keyed_draw,
     keyed_uniforms,
     processed_probs,
 )
@@ -39,7 +40,7 @@ SETTINGS = [SamplingParams(1.0), SamplingParams(0.7, top_k=5), SamplingParams(1.
 
 
 def reference_sample(model, prompt: list[int], n: int, params: SamplingParams, seed: int) -> list[int]:
-    """Plain AR sampling, one full forward per token: token t is the inverse-CDF draw of U(seed, t)."""
+    """Plain AR sampling, one full forward per token: token t is the keyed draw at index t."""
     key = draw_key(seed)
     tokens = list(prompt)
     for _ in range(n):
@@ -47,8 +48,8 @@ def reference_sample(model, prompt: list[int], n: int, params: SamplingParams, s
         if params.greedy:
             tokens.append(int(logits.argmax()))
             continue
-        u = torch.tensor([keyed_uniforms(*key, len(tokens))], dtype=torch.float64)
-        tokens.append(int(inverse_cdf(processed_probs(logits[None], params), u)[0]))
+        where = torch.tensor([len(tokens)])
+        tokens.append(int(keyed_draw(processed_probs(logits[None], params), *key, where)[0]))
     return tokens[len(prompt):]
 
 
@@ -56,34 +57,42 @@ def seeded(params: SamplingParams, seed: int) -> SamplingParams:
     return SamplingParams(params.temperature, params.top_p, params.top_k, seed=seed)
 
 
+def keys_of(seeds) -> tuple[torch.Tensor, torch.Tensor]:
+    keys = [draw_key(s) for s in seeds]
+    return torch.tensor([k[0] for k in keys]), torch.tensor([k[1] for k in keys])
+
+
 # ------------------------------------------------------------------------------------------ the draws
 
 
-def test_the_draws_are_one_function_on_python_ints_and_on_tensors():
+def test_the_hash_is_one_function_on_python_ints_and_on_tensors():
     positions = [0, 1, 2, 7, 1000, 65535, 65536, 2 ** 31 - 1]
+    lanes = [0, 1, 191, 192, 49_343, 2 ** 32 - 1, 5, 6]
     for seed in (0, 1, 5, 2 ** 32, 2 ** 63 - 1):
         key_a, key_b = draw_key(seed)
         assert 0 <= key_a < 2 ** 32 and 0 <= key_b < 2 ** 32
-        on_tensors = TokenDraws(seed).uniforms(torch.tensor(positions))
+        on_tensors = keyed_uniforms(key_a, key_b, torch.tensor(positions), torch.tensor(lanes))
         assert on_tensors.dtype == torch.float64
-        assert on_tensors.tolist() == [keyed_uniforms(key_a, key_b, p) for p in positions]
+        assert on_tensors.tolist() == [keyed_uniforms(key_a, key_b, p, lane) for p, lane in zip(positions, lanes)]
         assert all(0.0 < u < 1.0 for u in on_tensors.tolist())
         # Keys as tensors broadcast against the positions, as the graphed runtime passes them (one row per request).
         keys = torch.tensor([[key_a, key_b]] * 2)
-        rows = keyed_uniforms(keys[:, :1], keys[:, 1:], torch.tensor([positions[:4], positions[4:]]))
+        rows = keyed_uniforms(keys[:, :1], keys[:, 1:], torch.tensor([positions[:4], positions[4:]]),
+                              torch.tensor([lanes[:4], lanes[4:]]))
         assert rows.reshape(-1).tolist() == on_tensors.tolist()
     assert draw_key(0) != draw_key(1)
 
 
-def test_the_draws_are_uniform_and_unrelated_across_indices_and_seeds():
-    """Chi-square of 40 equal bins along one seed's indices and along consecutive seeds at one index; the
-    joint of neighbouring draws (10 x 10 bins) for both; correlations near 0. A constant, a draw shared by
-    neighbouring indices or seeds, or a coarse hash fails one of them."""
-    along_indices = TokenDraws(11).uniforms(torch.arange(40_000)).numpy()
-    key = [draw_key(s) for s in range(40_000)]
-    along_seeds = keyed_uniforms(torch.tensor([k[0] for k in key]), torch.tensor([k[1] for k in key]),
-                                 torch.full((40_000,), 17)).numpy()
-    for draws in (along_indices, along_seeds):
+def test_the_uniforms_are_uniform_and_unrelated_across_indices_lanes_and_seeds():
+    """Chi-square of 40 equal bins along one seed's indices, along one index's lanes and along consecutive seeds;
+    the joint of neighbours (10 x 10 bins) for each; correlations near 0. A constant, a uniform shared by
+    neighbouring indices, lanes or seeds, or a coarse hash fails one of them."""
+    key_a, key_b = draw_key(11)
+    along_indices = keyed_uniforms(key_a, key_b, torch.arange(40_000), 3).numpy()
+    along_lanes = keyed_uniforms(key_a, key_b, torch.tensor(17), torch.arange(40_000)).numpy()
+    seeds_a, seeds_b = keys_of(range(40_000))
+    along_seeds = keyed_uniforms(seeds_a, seeds_b, torch.full((40_000,), 17), 3).numpy()
+    for draws in (along_indices, along_lanes, along_seeds):
         counts = np.histogram(draws, bins=40, range=(0, 1))[0]
         stat, df = chi_square(counts, np.full(40, 1 / 40))
         assert stat < chi2_threshold(df), stat
@@ -91,24 +100,62 @@ def test_the_draws_are_uniform_and_unrelated_across_indices_and_seeds():
         stat, df = chi_square(pairs, np.full(100, 1 / 100))
         assert stat < chi2_threshold(df), stat
         assert abs(np.corrcoef(draws[:-1], draws[1:])[0, 1]) < 0.03
-    # Two indices of the same seeds are unrelated too (a row's draws at t and t + 1 over many requests).
-    next_index = keyed_uniforms(torch.tensor([k[0] for k in key]), torch.tensor([k[1] for k in key]),
-                                torch.full((40_000,), 18)).numpy()
-    assert abs(np.corrcoef(along_seeds, next_index)[0, 1]) < 0.03
+    # The same seeds at the next index, and at the next lane, are unrelated too.
+    for position, lane in ((18, 3), (17, 4)):
+        other = keyed_uniforms(seeds_a, seeds_b, torch.full((40_000,), position), lane).numpy()
+        assert abs(np.corrcoef(along_seeds, other)[0, 1]) < 0.03
 
 
-def test_inverse_cdf_draws_by_interval_and_never_a_token_of_probability_zero():
-    probs = torch.tensor([[0.0, 0.25, 0.0, 0.75, 0.0]], dtype=torch.float64)
-    for u, token in ((1e-300, 1), (0.2499, 1), (0.25, 3), (0.9999, 3), (1.0 - 2 ** -53, 3), (1.0, 3)):
-        assert int(inverse_cdf(probs, torch.tensor([u]))[0]) == token, u
-    # Unnormalized rows are drawn in proportion (the total scales the draw), float32 rows in float64 sums.
-    assert int(inverse_cdf(torch.tensor([[2.0, 6.0]]), torch.tensor([0.26]))[0]) == 1
-    # Many random rows with zeros: a draw always lands on a token of positive probability.
-    gen = torch.Generator().manual_seed(0)
-    rows = torch.rand(2000, 30, generator=gen, dtype=torch.float64) * (torch.rand(2000, 30, generator=gen) < 0.3)
-    rows[:, 0] += (rows.sum(-1) == 0).to(torch.float64)
-    drawn = inverse_cdf(rows, torch.rand(2000, generator=gen, dtype=torch.float64))
-    assert (rows.gather(1, drawn[:, None]) > 0).all()
+def spread_distribution(vocab: int = 700, seed: int = 0) -> torch.Tensor:
+    """Mass over three race blocks (700 is not a multiple of RACE_BLOCK: the last block is padded), zeros between."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.rand(vocab, generator=gen, dtype=torch.float64) ** 4
+    probs[torch.rand(vocab, generator=gen) < 0.5] = 0.0
+    probs[[3, 300, 699]] = torch.tensor([0.2, 0.1, 0.05], dtype=torch.float64) * probs.sum()
+    return probs / probs.sum()
+
+
+def test_the_race_draws_from_its_distribution_and_never_a_token_of_probability_zero():
+    assert 700 % RACE_BLOCK
+    probs = spread_distribution()
+    runs = 60_000
+    seeds_a, seeds_b = keys_of(range(runs))
+    drawn = keyed_draw(probs.expand(runs, -1), seeds_a, seeds_b, torch.full((runs,), 9)).numpy()
+    assert (probs[drawn] > 0).all() and drawn.max() < 700
+    counts = np.bincount(drawn, minlength=700)
+    stat, df = chi_square(counts, probs.numpy())
+    assert stat < chi2_threshold(df), (stat, df)
+    # The test can fail: a race that ignored the blocks' masses (a uniform choice of block) is far off.
+    flat = probs.clone().reshape(-1)
+    wrong = torch.zeros(3 * RACE_BLOCK, dtype=torch.float64)
+    wrong[:700] = flat
+    wrong = wrong.reshape(3, RACE_BLOCK)
+    wrong = (wrong / wrong.sum(-1, keepdim=True) / 3).reshape(-1)[:700]
+    assert chi_square(counts, (0.999 * wrong + 0.001 / 700).numpy())[0] > 5 * chi2_threshold(df)
+    # Unnormalized weights draw in proportion, in any float dtype; a single token of mass draws it.
+    one = torch.zeros(300)
+    one[271] = 2.0
+    assert int(keyed_draw(one[None], 1, 2, torch.tensor([0]))[0]) == 271
+
+
+def test_a_rounding_of_the_logits_moves_the_race_far_less_than_an_inverse_cdf():
+    """A verify's logits differ from an AR step's in the last bits. With a long tail of tiny probabilities an
+    inverse-CDF draw that lands in the tail changes with the boundaries' shift; the race changes only at near-ties."""
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.cat([torch.randn(20, generator=gen, dtype=torch.float64) + 4,  # a tail of 10% of the mass
+                        torch.randn(8000, generator=gen, dtype=torch.float64) - 4])
+    moved = logits + 1e-4 * torch.randn(logits.shape, generator=gen, dtype=torch.float64)
+    runs = 20_000
+    seeds_a, seeds_b = keys_of(range(runs))
+    where = torch.full((runs,), 40)
+    race = [keyed_draw(x.softmax(-1).expand(runs, -1), seeds_a, seeds_b, where) for x in (logits, moved)]
+    u = keyed_uniforms(seeds_a, seeds_b, where, 0)
+    cdf = [x.softmax(-1).cumsum(-1) for x in (logits, moved)]
+    inverse = [torch.searchsorted(c, (u * c[-1])[:, None]).squeeze(-1) for c in cdf]
+    race_moves = int((race[0] != race[1]).sum())
+    inverse_moves = int((inverse[0] != inverse[1]).sum())
+    assert inverse_moves >= 200, inverse_moves  # about 2%: the test's tail is long enough to show it
+    assert race_moves <= inverse_moves // 50, (race_moves, inverse_moves)
 
 
 # -------------------------------------------------------------------------- the eager runtime
