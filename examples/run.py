@@ -75,11 +75,10 @@ def build_parser() -> cli.ArgumentParser:
     ap.add_argument("--top_p", type=cli.number(0.0, 1.0, low_open=True), default=1.0)
     ap.add_argument("--top_k", type=cli.integer(0), default=0, help="0 disables top-k")
     ap.add_argument("--random_seed", type=cli.seed, default=0,
-                    help="the sampling seed at --temperature > 0: token t is drawn from a uniform keyed by the "
-                         "seed and t, so in float64 the same seed gives the same output in every mode and runtime, "
-                         "plain sampling's own; in float32 a rounding moves a draw now and then (the cost-aware "
-                         "tree's sizes vary between runs, and with them the rounding); a DFlash2 chain "
-                         "(--ddtree_budget 0) draws its own drafts: its samples repeat in that mode only")
+                    help="the sampling seed at --temperature > 0: token t is drawn with uniforms keyed by the "
+                         "seed and t, so the same seed gives the same output in every mode and runtime, plain "
+                         "sampling's own (in float32 up to near-ties, as greedy output; a DFlash2 chain, "
+                         "--ddtree_budget 0, draws its own drafts: its samples repeat in that mode only)")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
                     help="float32/float64: greedy output equals the target's own, token for token; "
                          "float16/bfloat16: not guaranteed (see below)")

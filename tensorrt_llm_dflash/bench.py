@@ -30,9 +30,10 @@ At T=0 every output is compared with the AR reference's on the same prompt. In f
 float64 that is a pass/fail check (``mismatch_lines``). In float16 and bfloat16 the verify
 pass rounds differently from a one-token step (see ``precision``), so the comparison is
 reported as a match rate instead and never fails the run. At T>0 this runtime's methods draw
-each token from a uniform keyed by the prompt's seed and its index, so they sample AR's own
-tokens: compared with ``ar`` (or ``ar-graph``) as a match rate in every dtype (rounding can move
-a draw across a token's boundary); transformers' methods sample otherwise and are not compared.
+each token with uniforms keyed by the prompt's seed and the token's index, so they sample AR's
+own tokens: compared with ``ar`` (or ``ar-graph``) as a match rate in every dtype (a rounding can
+still change a draw where its race nearly ties); transformers' methods sample otherwise and are
+not compared.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ class MethodKind:
     #: Its proposer reads the DFlash drafter the harness loads (``BenchContext.drafter``, ``--draft_model_dir``).
     #: False for a speculative kind that loads a drafter of its own (the LoRA-inject kinds: ``--lora_inject_dir``).
     needs_dflash_drafter: bool = True
-    #: At T > 0 it draws token t from the uniform keyed by the prompt's seed and t (``sampling.keyed_uniforms``), so
+    #: At T > 0 it draws token t with uniforms keyed by the prompt's seed and t (``sampling.keyed_draw``), so
     #: its sample is this runtime's AR sample for that seed: checked against ``ar`` / ``ar-graph`` as a match rate.
     #: False for transformers' own sampling (``hf``, ``pld``, ``hf-static``), which draws from torch's generator.
     keyed_draws: bool = True
@@ -856,8 +857,9 @@ def summarize(records: dict[str, list[RequestRecord]], methods: Sequence[Method]
 
     At T > 0 (``greedy`` False) the methods whose draws are keyed by the seed (``MethodKind.keyed_draws``) are
     checked against this runtime's AR (``ar`` or ``ar-graph``: every method samples prompt i with seed
-    ``seed + i``) as a match rate in every dtype: a rounding difference between a verify and an AR step moves a
-    draw across a token's boundary about as often as the two distributions differ, not only at near-ties.
+    ``seed + i``) as a match rate in every dtype: a rounding difference between a verify and an AR step can still
+    change a draw where two finishing times of its race nearly tie (``sampling.keyed_draw``), as it can flip a
+    greedy near-tie.
     ``sampled`` in the result says which check it was.
     """
     dtype = precision.canonical_dtype(dtype)
@@ -1065,9 +1067,9 @@ def results_markdown(summary: dict[str, Any], run_info: dict[str, Any], plots: S
     lines.append("")
     if check == "match_rate" and summary.get("sampled"):
         lines.append(f"Output check: a match rate against `{summary['output_reference']}`, not pass/fail. At T > 0 "
-                     "each of this runtime's methods draws token t from a uniform keyed by the prompt's seed and t, "
+                     "each of this runtime's methods draws token t with uniforms keyed by the prompt's seed and t, "
                      "so it samples AR's own tokens, up to rounding: a verify's logits differ from an AR step's in "
-                     "the last bits, which moves a draw across a token's boundary now and then. transformers' "
+                     "the last bits, which can change a draw where its race nearly ties. transformers' "
                      "methods (hf, pld) draw otherwise and are not checked (-); a DFlash2 drafter's sampled chain "
                      "draws its own drafts. Each difference is listed in results.json (`mismatches`).")
     elif check == "match_rate":
